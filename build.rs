@@ -1,0 +1,129 @@
+//! Finds the llama.cpp build dflash2 links against, generates its Rust bindings,
+//! compiles the C++ shim over llama-ext.h and generates include/dflash2.h.
+//!
+//! The build is the pinned one that `scripts/llama-cpp.sh build` puts in the
+//! user's cache, or any install prefix named by DFLASH2_LLAMA_PREFIX.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+/// Must match PIN_VERSION / RECIPE in scripts/llama-cpp.sh.
+const PIN_VERSION: &str = "0.3.36";
+const RECIPE: &str = "1";
+
+fn default_prefix() -> Option<PathBuf> {
+    let cache = match env::var_os("DFLASH2_CACHE") {
+        Some(c) => PathBuf::from(c),
+        None => match env::var_os("XDG_CACHE_HOME") {
+            Some(x) => PathBuf::from(x).join("dflash2"),
+            None => PathBuf::from(env::var_os("HOME")?).join(".cache").join("dflash2"),
+        },
+    };
+    Some(cache.join(format!("llama.cpp-{PIN_VERSION}")).join(format!("prefix-r{RECIPE}")))
+}
+
+fn llama_prefix() -> PathBuf {
+    let (prefix, how) = match env::var_os("DFLASH2_LLAMA_PREFIX") {
+        Some(p) => (PathBuf::from(p), "DFLASH2_LLAMA_PREFIX"),
+        None => (default_prefix().unwrap_or_default(), "the pinned build cache"),
+    };
+    let needs = ["include/llama.h", "include/llama-ext.h", "lib/libllama.so", "lib/libggml.so", "lib/libggml-base.so"];
+    let missing: Vec<_> = needs.iter().filter(|n| !prefix.join(n).exists()).collect();
+    if !missing.is_empty() {
+        panic!(
+            "\n\ndflash2: no usable llama.cpp build at {} ({how}); missing {:?}.\n\
+             Build the pinned one with:\n\n    scripts/llama-cpp.sh build\n\n\
+             or point DFLASH2_LLAMA_PREFIX at your own llama.cpp install prefix \
+             (include/llama.h, include/llama-ext.h from its src/, lib/libllama.so).\n",
+            prefix.display(),
+            missing
+        );
+    }
+    prefix
+}
+
+fn bindings(include: &Path, out: &Path) {
+    let header = include.join("llama.h");
+    bindgen::Builder::default()
+        .header(header.to_string_lossy())
+        .clang_arg(format!("-I{}", include.display()))
+        .allowlist_function("llama_.*")
+        .allowlist_type("llama_.*")
+        .allowlist_var("LLAMA_.*")
+        .allowlist_function("ggml_backend_dev_.*")
+        .allowlist_function("ggml_backend_load_all")
+        .allowlist_function("ggml_type_size")
+        .allowlist_function("ggml_blck_size")
+        .allowlist_function("ggml_type_name")
+        .allowlist_var("GGML_TYPE_COUNT")
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .layout_tests(false)
+        .generate()
+        .expect("bindgen failed on llama.h")
+        .write_to_file(out.join("llama_bindings.rs"))
+        .expect("cannot write bindings");
+}
+
+fn shim(include: &Path) {
+    println!("cargo:rerun-if-changed=csrc/llama_ext_shim.cpp");
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .include(include)
+        .file("csrc/llama_ext_shim.cpp")
+        .warnings(true)
+        .compile("dflash2_llama_ext_shim");
+}
+
+fn header(out: &Path) {
+    let crate_dir = env::var("CARGO_MANIFEST_DIR").unwrap();
+    let config =
+        cbindgen::Config::from_file(Path::new(&crate_dir).join("cbindgen.toml")).expect("cannot read cbindgen.toml");
+    let generated = out.join("dflash2.h");
+    cbindgen::Builder::new()
+        .with_crate(&crate_dir)
+        .with_config(config)
+        .generate()
+        .expect("cbindgen failed")
+        .write_to_file(&generated);
+    // The committed header is written only on request; a test compares the two.
+    if env::var_os("DFLASH2_WRITE_HEADER").is_some() {
+        std::fs::copy(&generated, Path::new(&crate_dir).join("include/dflash2.h"))
+            .expect("cannot write include/dflash2.h");
+    }
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=DFLASH2_LLAMA_PREFIX");
+    println!("cargo:rerun-if-env-changed=DFLASH2_CACHE");
+    println!("cargo:rerun-if-env-changed=XDG_CACHE_HOME");
+    println!("cargo:rerun-if-env-changed=DFLASH2_WRITE_HEADER");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=src");
+
+    let out = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let prefix = llama_prefix();
+    let include = prefix.join("include");
+    let lib = prefix.join("lib");
+    println!("cargo:rerun-if-changed={}", include.join("llama.h").display());
+    println!("cargo:rerun-if-changed={}", lib.join("libllama.so").display());
+
+    bindings(&include, &out);
+    shim(&include);
+
+    // Dynamic, so the host and dflash2 share one libllama; the rpath lets tests,
+    // benches and C programs find it without LD_LIBRARY_PATH.
+    println!("cargo:rustc-link-search=native={}", lib.display());
+    println!("cargo:rustc-link-lib=dylib=llama");
+    println!("cargo:rustc-link-lib=dylib=ggml");
+    println!("cargo:rustc-link-lib=dylib=ggml-base");
+    println!("cargo:rustc-link-lib=dylib=stdc++");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libdflash2.so");
+    println!("cargo:rustc-env=DFLASH2_LLAMA_PREFIX={}", prefix.display());
+    // exported to dependents (links = "llama") so they can find the same build
+    println!("cargo:prefix={}", prefix.display());
+
+    header(&out);
+}

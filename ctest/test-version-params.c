@@ -1,0 +1,45 @@
+// Version, default params and their validation, as a C user sees them.
+#include "dflash2.h"
+#include "check.h"
+
+#include <string.h>
+
+int main(void) {
+    CHECK(llama_spec_dflash2_api_version() == LLAMA_SPEC_DFLASH2_API_VERSION);
+    const char * version = llama_spec_dflash2_version();
+    CHECK(version != NULL && strlen(version) >= 5);
+
+    struct llama_spec_dflash2_params params = llama_spec_dflash2_default_params();
+    CHECK(params.n_seq == 1);
+    CHECK(params.n_max == -1);
+    CHECK(params.block_size == 0);
+    CHECK(params.walk == LLAMA_SPEC_DFLASH2_WALK_GREEDY);
+    CHECK(params.image_rows == LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT);
+    CHECK(params.devices == NULL);
+    CHECK(!params.use_extra_bufts);
+    CHECK(llama_spec_dflash2_params_check(&params) == LLAMA_SPEC_DFLASH2_OK);
+    CHECK(strcmp(llama_spec_dflash2_last_error(), "") == 0);
+
+    struct llama_spec_dflash2_params bad = params;
+    bad.n_max = 0;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llama_spec_dflash2_last_error(), "n_max") != NULL);
+
+    bad = params;
+    bad.walk = 42;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llama_spec_dflash2_last_error(), "walk") != NULL);
+
+    bad = params;
+    bad.n_seq = LLAMA_SPEC_DFLASH2_MAX_SEQUENCES + 1;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+
+    CHECK(llama_spec_dflash2_params_check(NULL) == LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT);
+
+    CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_OK), "ok") == 0);
+    CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_ERR_BAD_CHECKPOINT), "bad checkpoint") == 0);
+    CHECK(strcmp(llama_spec_dflash2_status_name(12345), "unknown status") == 0);
+
+    printf("version %s, api %u: ok\n", version, llama_spec_dflash2_api_version());
+    return 0;
+}

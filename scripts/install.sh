@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds dflash2 (release) and installs it into PREFIX:
+#   PREFIX/lib/libdflash2.so, libdflash2.a
+#   PREFIX/include/dflash2.h
+#   PREFIX/lib/cmake/dflash2/  (find_package(dflash2) -> dflash2::dflash2)
+#
+#   scripts/install.sh PREFIX
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+prefix=${1:?usage: scripts/install.sh PREFIX}
+mkdir -p "$prefix"
+prefix=$(cd "$prefix" && pwd)
+
+llama_prefix=$(scripts/llama-cpp.sh build)
+export DFLASH2_LLAMA_PREFIX="$llama_prefix"
+cargo build --release -p dflash2 >&2
+
+version=$(cargo metadata --no-deps --format-version 1 |
+    python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "dflash2"))')
+target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+
+install -d "$prefix/lib" "$prefix/include"
+install -m 755 "$target_dir/release/libdflash2.so" "$prefix/lib/libdflash2.so"
+install -m 644 "$target_dir/release/libdflash2.a" "$prefix/lib/libdflash2.a"
+install -m 644 include/dflash2.h "$prefix/include/dflash2.h"
+cmake -DPREFIX="$prefix" -DDFLASH2_LLAMA_PREFIX="$llama_prefix" -DVERSION="$version" -P cmake/install.cmake
+echo "$prefix"

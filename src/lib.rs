@@ -1,0 +1,17 @@
+//! dflash2: DFlash2 speculative decoding for llama.cpp targets, behind a C ABI.
+//!
+//! A host that decodes its target with libllama hands this library its target
+//! context and a DFlash2 drafter GGUF; the library owns the draft context, the
+//! dense per-sequence draft positions and the candidate selector. It links the
+//! host's own libllama dynamically. The C API is `include/dflash2.h`.
+
+pub mod checkpoint;
+pub mod error;
+pub mod ffi;
+pub mod params;
+/// cbindgen:ignore
+#[doc(hidden)]
+pub mod sys;
+
+pub use error::{Error, Result, Status};
+pub use params::llama_spec_dflash2_params;

@@ -1,0 +1,201 @@
+//! The engine's configuration as C sees it, with its defaults and checks.
+
+use crate::error::{Error, Result};
+use crate::sys::ggml_backend_dev_t;
+
+/// How the drafted path is chosen from the selector lattice.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum llama_spec_dflash2_walk {
+    /// Greedy chain, exactly as upstream: at each position the best successor of
+    /// the previous pick (first maximum on ties).
+    LLAMA_SPEC_DFLASH2_WALK_GREEDY = 0,
+}
+
+/// What the engine does with M-RoPE image rows (many rows pinned to one position).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum llama_spec_dflash2_image_rows {
+    /// Inject each image row at its own dense draft position (the draft sees the image).
+    LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT = 0,
+    /// Leave image rows out of the draft KV (the draft skips the image).
+    LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP = 1,
+}
+
+/// Configuration of a DFlash2 engine. Get it from
+/// `llama_spec_dflash2_default_params()`, change fields, pass it by value.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct llama_spec_dflash2_params {
+    /// Target sequences the engine serves: sequence ids 0 .. n_seq-1 (default 1).
+    pub n_seq: u32,
+    /// Most tokens drafted per step. -1 (default) = block_size-1; a larger value
+    /// is clamped to block_size-1 with a logged warning.
+    pub n_max: i32,
+    /// A draft shorter than this is dropped (the step drafts nothing). Default 0.
+    pub n_min: i32,
+    /// Stop the walk before a token whose lattice softmax (over the top-k scores
+    /// at that position) is below p_min; 0 disables. Same semantics as upstream
+    /// DFlash2, so not comparable with a vocabulary probability. Default 0.
+    pub p_min: f32,
+    /// Noise block size (anchor + masks). 0 (default) = the drafter's trained
+    /// block size; smaller is allowed, larger is an error.
+    pub block_size: i32,
+    /// Lattice walk, an `enum llama_spec_dflash2_walk` value (default greedy).
+    /// Plain int32_t so that an out-of-range value from C is an error, not UB.
+    pub walk: i32,
+    /// M-RoPE image rows, an `enum llama_spec_dflash2_image_rows` value:
+    /// inject at dense positions (default) or skip.
+    pub image_rows: i32,
+    /// NULL-terminated list of devices for the drafter. NULL (default) = the
+    /// devices that hold the target's output head and token embeddings.
+    pub devices: *mut ggml_backend_dev_t,
+    /// Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all, default).
+    pub n_gpu_layers: i32,
+    /// Draft KV cache types as `enum ggml_type` values; -1 (default) = F16.
+    pub type_k: i32,
+    pub type_v: i32,
+    /// Physical batch of the draft context. 0 (default) = large enough for one
+    /// block of every sequence and for prompt injection.
+    pub n_ubatch: u32,
+    /// Draft threads; 0 (default) = the target context's.
+    pub n_threads: i32,
+    pub n_threads_batch: i32,
+    /// Weight repacking (extra buffer types) for the drafter. Off by default:
+    /// ggml's AMX repack path segfaults on some CPUs.
+    pub use_extra_bufts: bool,
+}
+
+impl Default for llama_spec_dflash2_params {
+    fn default() -> Self {
+        llama_spec_dflash2_params {
+            n_seq: 1,
+            n_max: -1,
+            n_min: 0,
+            p_min: 0.0,
+            block_size: 0,
+            walk: llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_GREEDY as i32,
+            image_rows: llama_spec_dflash2_image_rows::LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT as i32,
+            devices: std::ptr::null_mut(),
+            n_gpu_layers: -1,
+            type_k: -1,
+            type_v: -1,
+            n_ubatch: 0,
+            n_threads: 0,
+            n_threads_batch: 0,
+            use_extra_bufts: false,
+        }
+    }
+}
+
+/// Most sequences one engine serves (n_seq); libllama's own limit is 256.
+pub const LLAMA_SPEC_DFLASH2_MAX_SEQUENCES: u32 = 256;
+
+impl llama_spec_dflash2_params {
+    /// Checks the fields that do not depend on the drafter.
+    pub fn validate(&self) -> Result<()> {
+        if self.n_seq == 0 || self.n_seq > LLAMA_SPEC_DFLASH2_MAX_SEQUENCES {
+            return Err(Error::invalid(format!(
+                "n_seq = {} (must be 1..={LLAMA_SPEC_DFLASH2_MAX_SEQUENCES})",
+                self.n_seq
+            )));
+        }
+        if self.n_max == 0 || self.n_max < -1 {
+            return Err(Error::invalid(format!("n_max = {} (must be -1 for the block size, or > 0)", self.n_max)));
+        }
+        if self.n_min < 0 {
+            return Err(Error::invalid(format!("n_min = {} (must be >= 0)", self.n_min)));
+        }
+        if self.n_max > 0 && self.n_min > self.n_max {
+            return Err(Error::invalid(format!("n_min = {} exceeds n_max = {}", self.n_min, self.n_max)));
+        }
+        if !(self.p_min.is_finite() && (0.0..=1.0).contains(&self.p_min)) {
+            return Err(Error::invalid(format!("p_min = {} (must be in [0, 1])", self.p_min)));
+        }
+        if self.block_size < 0 || self.block_size == 1 {
+            return Err(Error::invalid(format!("block_size = {} (0 for the trained size, or >= 2)", self.block_size)));
+        }
+        if self.walk_kind().is_none() {
+            return Err(Error::invalid(format!("walk = {} is not a walk kind", self.walk)));
+        }
+        if self.image_rows_kind().is_none() {
+            return Err(Error::invalid(format!("image_rows = {} is not an image-row policy", self.image_rows)));
+        }
+        if self.n_gpu_layers < -1 {
+            return Err(Error::invalid(format!("n_gpu_layers = {}", self.n_gpu_layers)));
+        }
+        for (name, t) in [("type_k", self.type_k), ("type_v", self.type_v)] {
+            if t != -1 && dflash2_gguf::ggml_type_from_id(t as u32).is_none_or(|_| t < 0) {
+                return Err(Error::invalid(format!("{name} = {t} is not a ggml type")));
+            }
+        }
+        if self.n_threads < 0 || self.n_threads_batch < 0 {
+            return Err(Error::invalid("n_threads and n_threads_batch must be >= 0"));
+        }
+        Ok(())
+    }
+}
+
+impl llama_spec_dflash2_params {
+    pub fn walk_kind(&self) -> Option<llama_spec_dflash2_walk> {
+        match self.walk {
+            0 => Some(llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_GREEDY),
+            _ => None,
+        }
+    }
+
+    pub fn image_rows_kind(&self) -> Option<llama_spec_dflash2_image_rows> {
+        match self.image_rows {
+            0 => Some(llama_spec_dflash2_image_rows::LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT),
+            1 => Some(llama_spec_dflash2_image_rows::LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        llama_spec_dflash2_params::default().validate().unwrap();
+    }
+
+    #[test]
+    fn out_of_range_fields_are_rejected_with_their_name() {
+        type Mutation = fn(&mut llama_spec_dflash2_params);
+        let cases: Vec<(Mutation, &str)> = vec![
+            (|p| p.n_seq = 0, "n_seq"),
+            (|p| p.n_seq = 100_000, "n_seq"),
+            (|p| p.n_max = 0, "n_max"),
+            (|p| p.n_max = -5, "n_max"),
+            (|p| p.n_min = -1, "n_min"),
+            (
+                |p| {
+                    p.n_max = 2;
+                    p.n_min = 3
+                },
+                "n_min",
+            ),
+            (|p| p.p_min = f32::NAN, "p_min"),
+            (|p| p.p_min = 1.5, "p_min"),
+            (|p| p.block_size = 1, "block_size"),
+            (|p| p.block_size = -3, "block_size"),
+            (|p| p.type_k = 4, "type_k"),
+            (|p| p.type_v = 999, "type_v"),
+            (|p| p.n_threads = -2, "n_threads"),
+            (|p| p.walk = 3, "walk"),
+            (|p| p.image_rows = -1, "image_rows"),
+        ];
+        for (mutate, field) in cases {
+            let mut p = llama_spec_dflash2_params::default();
+            mutate(&mut p);
+            let err = p.validate().unwrap_err();
+            assert!(err.message.contains(field), "{field}: {}", err.message);
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Raw FFI: bindgen's bindings of llama.h (and the ggml parts it needs), the
+//! extern "C" shim over the C++-only llama-ext.h, and the few unsafe helpers
+//! the safe modules build on. `unsafe` lives here and in `ffi` only.
+
+#[allow(non_camel_case_types, non_upper_case_globals, non_snake_case, dead_code, unsafe_op_in_unsafe_fn, clippy::all)]
+mod bindings {
+    include!(concat!(env!("OUT_DIR"), "/llama_bindings.rs"));
+}
+
+mod model;
+
+pub use bindings::*;
+pub use model::target_facts;
+
+// The shim in csrc/llama_ext_shim.cpp; each wrapper catches C++ exceptions.
+unsafe extern "C" {
+    pub fn dflash2_shim_set_embeddings_nextn(ctx: *mut llama_context, value: bool, masked: bool);
+    pub fn dflash2_shim_get_embeddings_nextn(ctx: *mut llama_context) -> *mut f32;
+    pub fn dflash2_shim_get_embeddings_nextn_ith(ctx: *mut llama_context, i: i32) -> *mut f32;
+    pub fn dflash2_shim_set_embeddings_layer_inp(ctx: *mut llama_context, lid: u32, value: bool);
+    pub fn dflash2_shim_get_embeddings_layer_inp(ctx: *mut llama_context, lid: u32) -> *mut f32;
+    pub fn dflash2_shim_get_ctx_other(ctx: *mut llama_context) -> *mut llama_context;
+    pub fn dflash2_shim_model_dflash_selector_top_k(model: *const llama_model) -> i32;
+    pub fn dflash2_shim_model_target_layer_ids(model: *const llama_model) -> *const i32;
+    pub fn dflash2_shim_model_target_layer_ids_n(model: *const llama_model) -> u32;
+    pub fn dflash2_shim_model_n_devices(model: *const llama_model) -> i32;
+    pub fn dflash2_shim_model_get_device(model: *const llama_model, i: i32) -> ggml_backend_dev_t;
+}
+
+/// Maps a file read-only.
+pub fn map_file(file: &std::fs::File) -> std::io::Result<memmap2::Mmap> {
+    // SAFETY: the map is read-only and its users only read through bounds-checked
+    // slices; a file truncated by another process while mapped is outside what a
+    // reader can defend against.
+    unsafe { memmap2::Mmap::map(file) }
+}
