@@ -12,6 +12,9 @@
 #include <stdint.h>
 #include "llama.h"
 
+// Draft positions tracked per position in the statistics.
+#define LLAMA_SPEC_DFLASH2_MAX_DRAFT 64
+
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
 
@@ -66,6 +69,9 @@ enum llama_spec_dflash2_image_rows {
   // Leave image rows out of the draft KV (the draft skips the image).
   LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP = 1,
 };
+
+// A DFlash2 engine bound to one target context (opaque).
+struct llama_spec_dflash2;
 
 // What a DFlash2 drafter checkpoint declares, filled by
 // `llama_spec_dflash2_checkpoint_check()`.
@@ -150,6 +156,82 @@ struct llama_spec_dflash2_params {
   bool use_extra_bufts;
 };
 
+// One row of the batch the target just decoded.
+struct llama_spec_dflash2_row {
+  // Index of the row in the target batch: the row of its captured layer inputs.
+  int32_t i_batch;
+  // Sequence of the row (a row shared by several sequences is passed once per sequence).
+  int32_t seq_id;
+  // Target position of the row; for M-RoPE its first (temporal) component.
+  int32_t pos;
+  // The row was decoded from an embedding (image, audio), not a token.
+  bool embd;
+};
+
+// One sequence's part of a draft call.
+struct llama_spec_dflash2_draft_request {
+  int32_t seq_id;
+  // The token the host sampled last: it anchors the block. The target has not
+  // decoded it yet; it is the first row of the verify batch.
+  int32_t id_last;
+  // Most tokens to draft for this sequence (> 0); capped at the engine's n_max.
+  int32_t n_max;
+};
+
+// What an engine has done since it was created or its statistics were reset.
+struct llama_spec_dflash2_stats {
+  // draft() calls.
+  uint64_t n_draft_calls;
+  // Per-sequence drafts that proposed at least one token.
+  uint64_t n_drafts;
+  // Tokens proposed.
+  uint64_t n_drafted;
+  // accept() calls.
+  uint64_t n_accept_calls;
+  // Drafted tokens the host accepted.
+  uint64_t n_accepted;
+  // drafted_at[i]: drafts that proposed a token at draft position i.
+  uint64_t drafted_at[LLAMA_SPEC_DFLASH2_MAX_DRAFT];
+  // accepted_at[i]: drafts whose token at position i was accepted;
+  // accepted_at[i] / drafted_at[i] is the acceptance at position i.
+  uint64_t accepted_at[LLAMA_SPEC_DFLASH2_MAX_DRAFT];
+  // Target rows injected into the draft KV, and the decodes that did it.
+  uint64_t n_injected;
+  uint64_t n_inject_decodes;
+  // Image rows left out (image_rows = SKIP).
+  uint64_t n_skipped_rows;
+  // Rows of verify batches dropped as rejected before reaching the draft KV.
+  uint64_t n_rejected_rows;
+  // Microseconds copying tap features out of the target (process).
+  uint64_t t_process_us;
+  // Microseconds of injection decodes.
+  uint64_t t_inject_us;
+  // Microseconds of noise-block decodes.
+  uint64_t t_draft_us;
+  // Microseconds walking the selector lattice.
+  uint64_t t_walk_us;
+};
+
+// What the engine holds for one sequence.
+struct llama_spec_dflash2_seq_info {
+  // Rows in the draft KV.
+  int32_t n_in_kv;
+  // Committed rows waiting for injection (done by the next process() or draft()).
+  int32_t n_queued;
+  // Verify rows held until accept().
+  int32_t n_held;
+  // Tokens of the draft awaiting accept(), or -1 when none.
+  int32_t n_outstanding;
+  // Draft position the next row (or noise block) takes.
+  int32_t next_draft_pos;
+  // Target position of the newest committed row, or -1.
+  int32_t last_target_pos;
+  // Lowest and highest draft positions of the sequence in the draft KV (-1 when empty),
+  // as libllama reports them.
+  int32_t kv_pos_min;
+  int32_t kv_pos_max;
+};
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -182,6 +264,194 @@ int32_t llama_spec_dflash2_checkpoint_check(const char *path_draft,
 // `path` must be NULL or a NUL-terminated string.
 bool llama_spec_dflash2_is_dflash2(const char *path);
 
+// Creates a DFlash2 engine for the host's target context: checks the drafter
+// (llama_spec_dflash2_checkpoint_check against the target), loads it on the
+// target's devices (or params.devices), creates its context (ctx_other = ctx_tgt)
+// and turns on capture of the drafter's tap layers on the target.
+//
+// The target context must outlive the engine. Returns NULL on failure, with the
+// reason in llama_spec_dflash2_last_error(); nothing is changed on the target then.
+//
+// # Safety
+// `ctx_tgt` must be NULL or a live context, `path_draft` NULL or a NUL-terminated
+// string, `params.devices` NULL or a NULL-terminated array.
+struct llama_spec_dflash2 *llama_spec_dflash2_init(struct llama_context *ctx_tgt,
+                                                   const char *path_draft,
+                                                   struct llama_spec_dflash2_params params);
+
+// Frees an engine (NULL is ignored): the draft context and model, and the tap
+// capture it turned on in the target context.
+//
+// # Safety
+// `spec` must be NULL or a handle from llama_spec_dflash2_init, not used afterwards.
+void llama_spec_dflash2_free(struct llama_spec_dflash2 *spec);
+
+// Feeds the rows the target just decoded (call after every successful target
+// decode, image sub-batches included). Reads their tap features from the target
+// context. Rows of a sequence with a draft awaiting accept() are held; the
+// others are injected into the draft KV at the sequence's next dense draft
+// positions before the call returns.
+//
+// Returns 0, or _NULL_ARGUMENT / _INVALID_ARGUMENT (bad row index or position) /
+// _UNKNOWN_SEQUENCE / _INVALID_STATE (no target decode yet) / _BACKEND. A row
+// error is found before anything changes.
+//
+// # Safety
+// `spec` NULL or live; `rows` readable for `n_rows` entries.
+int32_t llama_spec_dflash2_process(struct llama_spec_dflash2 *spec,
+                                   const struct llama_spec_dflash2_row *rows,
+                                   int32_t n_rows);
+
+// llama_spec_dflash2_process for a legacy llama_batch the host just decoded:
+// one row per token and sequence id; `batch.pos` must be set (for M-RoPE its
+// first n_tokens entries are the temporal positions); a batch with `embd` is
+// treated as embedding rows.
+//
+// # Safety
+// `spec` NULL or live; the batch arrays readable for `batch.n_tokens` entries.
+int32_t llama_spec_dflash2_process_batch(struct llama_spec_dflash2 *spec, llama_batch batch);
+
+// Drafts for `n_requests` sequences with one noise-block decode (after one
+// injection decode for any rows still waiting). `tokens` receives the drafts
+// concatenated in request order; `n_drafted[i]` the length of request i's draft
+// (0 when the walk stopped before its first token, or below n_min).
+// `n_tokens_max` must hold the sum of the requests' n_max (capped at the
+// engine's n_max), else _BUFFER_TOO_SMALL and nothing changes.
+//
+// Every requested sequence then has a draft awaiting accept(); the rows the
+// host decodes for it next (the verify batch: id_last, then the draft) are held
+// until then. A previous draft never accepted is taken as fully kept.
+//
+// # Safety
+// `spec` NULL or live; `requests` readable for `n_requests`; `tokens` writable
+// for `n_tokens_max`; `n_drafted` writable for `n_requests`.
+int32_t llama_spec_dflash2_draft(struct llama_spec_dflash2 *spec,
+                                 const struct llama_spec_dflash2_draft_request *requests,
+                                 int32_t n_requests,
+                                 int32_t *tokens,
+                                 int32_t n_tokens_max,
+                                 int32_t *n_drafted);
+
+// The host verified the last draft of `seq_id` and kept its first `n_accepted`
+// tokens (0 ..= draft length). The anchor row and the accepted rows of the
+// verify batch enter the draft KV; the rejected rows never do.
+// Returns 0, or _INVALID_STATE (no draft, or the verify rows were not passed to
+// process()) / _INVALID_ARGUMENT (n_accepted out of range) / _UNKNOWN_SEQUENCE.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_accept(struct llama_spec_dflash2 *spec,
+                                  int32_t seq_id,
+                                  int32_t n_accepted);
+
+// Mirrors llama_memory_seq_rm on the target: removes the rows at target
+// positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every
+// sequence). Rows after a removed span keep dense draft positions.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_seq_rm(struct llama_spec_dflash2 *spec,
+                                  int32_t seq_id,
+                                  int32_t p0,
+                                  int32_t p1);
+
+// Mirrors llama_memory_seq_cp on the target: `dst` becomes a copy of the rows
+// of `src` at target positions [p0, p1); what `dst` held is replaced.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_seq_cp(struct llama_spec_dflash2 *spec,
+                                  int32_t seq_id_src,
+                                  int32_t seq_id_dst,
+                                  int32_t p0,
+                                  int32_t p1);
+
+// Mirrors llama_memory_seq_add on the target (context shift, cache reuse): the
+// rows at target positions [p0, p1) now sit at position + delta. The draft KV
+// is unchanged: its positions are dense and do not follow the target's.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_seq_shift(struct llama_spec_dflash2 *spec,
+                                     int32_t seq_id,
+                                     int32_t p0,
+                                     int32_t p1,
+                                     int32_t delta);
+
+// Forgets a sequence entirely, a draft awaiting accept() included (seq_id < 0:
+// every sequence).
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_seq_clear(struct llama_spec_dflash2 *spec, int32_t seq_id);
+
+// Size in bytes of the state blob of `seq_id` (its draft KV cells, position map
+// and queued rows; grows with the sequence, not with the context).
+// Returns 0, or _INVALID_STATE when verify rows await accept().
+//
+// # Safety
+// `spec` NULL or live; `size` writable.
+int32_t llama_spec_dflash2_state_size(struct llama_spec_dflash2 *spec,
+                                      int32_t seq_id,
+                                      size_t *size);
+
+// Writes the state blob of `seq_id` into `dst` (capacity `dst_size`); `written`
+// receives its length. _BUFFER_TOO_SMALL when it does not fit.
+//
+// # Safety
+// `spec` NULL or live; `dst` writable for `dst_size` bytes; `written` writable.
+int32_t llama_spec_dflash2_state_get(struct llama_spec_dflash2 *spec,
+                                     int32_t seq_id,
+                                     uint8_t *dst,
+                                     size_t dst_size,
+                                     size_t *written);
+
+// Replaces the state of `seq_id` with a blob from llama_spec_dflash2_state_get
+// (this engine or another with the same drafter). A blob from another drafter or
+// a corrupt one is refused before anything changes; if libllama then fails to
+// load the KV, the sequence is left empty.
+//
+// # Safety
+// `spec` NULL or live; `src` readable for `size` bytes.
+int32_t llama_spec_dflash2_state_set(struct llama_spec_dflash2 *spec,
+                                     int32_t seq_id,
+                                     const uint8_t *src,
+                                     size_t size);
+
+// Most tokens one draft proposes, after the block-size clamps (> 0), or a
+// negative status.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_n_max(struct llama_spec_dflash2 *spec);
+
+// Noise block width in use (anchor + masks), or a negative status.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_block_size(struct llama_spec_dflash2 *spec);
+
+// Copies the engine's statistics into `stats`.
+//
+// # Safety
+// `spec` NULL or live; `stats` writable.
+int32_t llama_spec_dflash2_get_stats(struct llama_spec_dflash2 *spec,
+                                     struct llama_spec_dflash2_stats *stats);
+
+// Zeroes the engine's statistics.
+//
+// # Safety
+// `spec` NULL or live.
+int32_t llama_spec_dflash2_reset_stats(struct llama_spec_dflash2 *spec);
+
+// What the engine holds for `seq_id` (for checks and debugging).
+//
+// # Safety
+// `spec` NULL or live; `info` writable.
+int32_t llama_spec_dflash2_seq_info(struct llama_spec_dflash2 *spec,
+                                    int32_t seq_id,
+                                    struct llama_spec_dflash2_seq_info *info);
+
 // The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 // of the header it was built with).
 uint32_t llama_spec_dflash2_api_version(void);
@@ -207,6 +477,10 @@ const char *llama_spec_dflash2_last_error(void);
 // A short name for a status code ("ok", "bad checkpoint", ...; "unknown status"
 // for codes this library does not return). Static storage; never NULL.
 const char *llama_spec_dflash2_status_name(int32_t status);
+
+// Routes dflash2's log messages (warnings such as an n_max clamp, engine
+// creation) to `log_callback`, like llama_log_set; NULL restores stderr.
+void llama_spec_dflash2_log_set(ggml_log_callback log_callback, void *user_data);
 
 #ifdef __cplusplus
 }  // extern "C"

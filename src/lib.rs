@@ -6,9 +6,13 @@
 //! host's own libllama dynamically. The C API is `include/dflash2.h`.
 
 pub mod checkpoint;
+pub mod engine;
 pub mod error;
 pub mod ffi;
+pub(crate) mod log;
 pub mod params;
+pub mod positions;
+pub mod selector;
 /// cbindgen:ignore
 #[doc(hidden)]
 pub mod sys;

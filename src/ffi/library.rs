@@ -1,6 +1,6 @@
 //! Version, parameters and errors.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 use super::guard::{guard_status, last_error_ptr, null_argument};
 use crate::error::Status;
@@ -60,4 +60,14 @@ pub extern "C" fn llama_spec_dflash2_status_name(status: i32) -> *const c_char {
         Some(s) => s.c_name().as_ptr(),
         None => c"unknown status".as_ptr(),
     }
+}
+
+/// Routes dflash2's log messages (warnings such as an n_max clamp, engine
+/// creation) to `log_callback`, like llama_log_set; NULL restores stderr.
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_log_set(log_callback: crate::sys::ggml_log_callback, user_data: *mut c_void) {
+    guard_status(|| {
+        crate::log::set_callback(log_callback, user_data);
+        Ok(())
+    });
 }

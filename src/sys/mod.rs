@@ -7,10 +7,14 @@ mod bindings {
     include!(concat!(env!("OUT_DIR"), "/llama_bindings.rs"));
 }
 
+mod draft;
 mod model;
+mod target;
 
 pub use bindings::*;
+pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, ModelLoad};
 pub use model::target_facts;
+pub use target::TargetContext;
 
 // The shim in csrc/llama_ext_shim.cpp; each wrapper catches C++ exceptions.
 unsafe extern "C" {

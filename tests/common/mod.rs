@@ -2,6 +2,9 @@
 //! models in the linked libllama, calling the C API from Rust.
 #![allow(dead_code)]
 
+pub mod spec;
+pub mod target;
+
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Once, OnceLock};

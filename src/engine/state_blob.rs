@@ -1,0 +1,178 @@
+//! The per-sequence state blob: the position map, queued features and the
+//! sequence's draft KV bytes (libllama's own sequence state), behind a header
+//! that ties it to the drafter it came from. Sizes follow the sequence, not the
+//! context.
+//!
+//! Layout (little endian): magic "DF2S", u32 version, u64 drafter fingerprint,
+//! u32 n_feat, u32 n_in_kv, n_in_kv x (i32 target, i32 draft), u32 n_queued,
+//! n_queued x i32 target, n_queued x n_feat f32, u64 kv length, kv bytes.
+
+use crate::error::{Error, Result};
+use crate::positions::{Entry, SeqMap};
+
+const MAGIC: &[u8; 4] = b"DF2S";
+const VERSION: u32 = 1;
+
+/// A decoded blob; `kv` borrows from the input.
+#[derive(Debug)]
+pub struct Decoded<'a> {
+    pub map: SeqMap,
+    pub queued: Vec<f32>,
+    pub kv: &'a [u8],
+}
+
+/// Bytes of the header and map for a sequence (without the KV bytes).
+pub fn header_len(map: &SeqMap, n_feat: usize) -> usize {
+    4 + 4 + 8 + 4 + 4 + map.in_kv().len() * 8 + 4 + map.queued().len() * (4 + 4 * n_feat) + 8
+}
+
+/// Writes everything before the KV bytes; the caller appends `kv_len` bytes.
+pub fn encode_header(fingerprint: u64, n_feat: usize, map: &SeqMap, queued: &[f32], kv_len: usize) -> Vec<u8> {
+    let mut b = Vec::with_capacity(header_len(map, n_feat));
+    b.extend_from_slice(MAGIC);
+    b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&fingerprint.to_le_bytes());
+    b.extend_from_slice(&(n_feat as u32).to_le_bytes());
+    b.extend_from_slice(&(map.in_kv().len() as u32).to_le_bytes());
+    for e in map.in_kv() {
+        b.extend_from_slice(&e.target.to_le_bytes());
+        b.extend_from_slice(&e.draft.to_le_bytes());
+    }
+    b.extend_from_slice(&(map.queued().len() as u32).to_le_bytes());
+    for t in map.queued() {
+        b.extend_from_slice(&t.to_le_bytes());
+    }
+    for f in queued {
+        b.extend_from_slice(&f.to_le_bytes());
+    }
+    b.extend_from_slice(&(kv_len as u64).to_le_bytes());
+    b
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if n > self.b.len() {
+            return Err(Error::invalid("state blob is truncated"));
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+
+    fn i32(&mut self) -> Result<i32> {
+        Ok(self.u32()? as i32)
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+
+    /// A count whose entries of `size` bytes must fit in what remains.
+    fn count(&mut self, size: usize) -> Result<usize> {
+        let n = self.u32()? as usize;
+        if n.checked_mul(size).is_none_or(|b| b > self.b.len()) {
+            return Err(Error::invalid("state blob is truncated or corrupt"));
+        }
+        Ok(n)
+    }
+}
+
+/// Parses and checks a blob made by `encode_header` + KV bytes.
+pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize) -> Result<Decoded<'_>> {
+    let mut r = Reader { b: bytes };
+    if r.take(4)? != MAGIC {
+        return Err(Error::invalid("not a dflash2 sequence state (bad magic)"));
+    }
+    let version = r.u32()?;
+    if version != VERSION {
+        return Err(Error::invalid(format!("state blob version {version}, this library reads {VERSION}")));
+    }
+    if r.u64()? != fingerprint {
+        return Err(Error::incompatible("state blob was saved with a different drafter"));
+    }
+    let blob_feat = r.u32()? as usize;
+    if blob_feat != n_feat {
+        return Err(Error::incompatible(format!(
+            "state blob holds {blob_feat}-float features, this engine uses {n_feat}"
+        )));
+    }
+    let n_in_kv = r.count(8)?;
+    let mut in_kv = Vec::with_capacity(n_in_kv);
+    for _ in 0..n_in_kv {
+        in_kv.push(Entry { target: r.i32()?, draft: r.i32()? });
+    }
+    let n_queued = r.count(4 + 4 * n_feat)?;
+    let mut targets = Vec::with_capacity(n_queued);
+    for _ in 0..n_queued {
+        targets.push(r.i32()?);
+    }
+    let queued: Vec<f32> =
+        r.take(n_queued * n_feat * 4)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let kv_len = r.u64()?;
+    if kv_len != r.b.len() as u64 {
+        return Err(Error::invalid("state blob is truncated or has trailing bytes"));
+    }
+    let map =
+        SeqMap::from_parts(in_kv, targets).ok_or_else(|| Error::invalid("state blob holds a corrupt position map"))?;
+    Ok(Decoded { map, queued, kv: r.b })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (SeqMap, Vec<f32>) {
+        let mut m = SeqMap::default();
+        m.commit(0);
+        m.commit(5);
+        m.inject(2);
+        m.commit(6);
+        (m, vec![1.0, 2.0])
+    }
+
+    fn blob(kv: &[u8]) -> Vec<u8> {
+        let (m, q) = sample();
+        let mut b = encode_header(42, 2, &m, &q, kv.len());
+        assert_eq!(b.len(), header_len(&m, 2));
+        b.extend_from_slice(kv);
+        b
+    }
+
+    #[test]
+    fn round_trips() {
+        let b = blob(&[9, 9, 9]);
+        let d = decode(&b, 42, 2).unwrap();
+        assert_eq!(d.map, sample().0);
+        assert_eq!(d.queued, vec![1.0, 2.0]);
+        assert_eq!(d.kv, &[9, 9, 9]);
+    }
+
+    #[test]
+    fn another_drafter_or_a_cut_blob_is_refused() {
+        let b = blob(&[9, 9, 9]);
+        assert!(decode(&b, 43, 2).unwrap_err().message.contains("different drafter"));
+        assert!(decode(&b, 42, 3).is_err());
+        for cut in 0..b.len() {
+            assert!(decode(&b[..cut], 42, 2).is_err(), "cut {cut}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert!(decode(&long, 42, 2).is_err());
+    }
+
+    #[test]
+    fn huge_counts_are_refused_before_allocating() {
+        let mut b = blob(&[]);
+        // n_in_kv sits after magic, version, fingerprint, n_feat
+        b[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&b, 42, 2).is_err());
+    }
+}

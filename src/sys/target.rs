@@ -1,0 +1,100 @@
+//! The host's target context, borrowed: sizes, tap-layer capture and the rows
+//! it captured in its last decode.
+
+use std::ptr::NonNull;
+
+use super::*;
+use crate::checkpoint::TargetFacts;
+
+/// A host-owned `llama_context` that outlives the engine (the host's contract).
+pub struct TargetContext {
+    ctx: NonNull<llama_context>,
+}
+
+// SAFETY: the engine uses the target context only inside calls the host makes,
+// one at a time (the engine is behind a mutex); libllama contexts may move
+// between threads.
+unsafe impl Send for TargetContext {}
+
+impl TargetContext {
+    /// # Safety
+    /// `ctx` must be NULL or a live context that outlives the returned value.
+    pub unsafe fn from_raw(ctx: *mut llama_context) -> Option<TargetContext> {
+        NonNull::new(ctx).map(|ctx| TargetContext { ctx })
+    }
+
+    pub fn as_ptr(&self) -> *mut llama_context {
+        self.ctx.as_ptr()
+    }
+
+    pub fn model(&self) -> *const llama_model {
+        // SAFETY: live context.
+        unsafe { llama_get_model(self.ctx.as_ptr()) }
+    }
+
+    pub fn facts(&self) -> TargetFacts {
+        // SAFETY: the model of a live context is live.
+        unsafe { target_facts(self.model()) }
+    }
+
+    pub fn n_embd(&self) -> usize {
+        // SAFETY: live model.
+        unsafe { llama_model_n_embd(self.model()) }.max(0) as usize
+    }
+
+    pub fn n_ctx_seq(&self) -> u32 {
+        // SAFETY: live context.
+        unsafe { llama_n_ctx_seq(self.ctx.as_ptr()) }
+    }
+
+    pub fn n_batch(&self) -> u32 {
+        // SAFETY: live context.
+        unsafe { llama_n_batch(self.ctx.as_ptr()) }
+    }
+
+    pub fn n_threads(&self) -> (i32, i32) {
+        // SAFETY: live context.
+        unsafe { (llama_n_threads(self.ctx.as_ptr()), llama_n_threads_batch(self.ctx.as_ptr())) }
+    }
+
+    /// Devices the target model uses (empty: CPU only).
+    pub fn devices(&self) -> Vec<ggml_backend_dev_t> {
+        let model = self.model();
+        // SAFETY: live model; indices below the count the model reports.
+        unsafe {
+            let n = dflash2_shim_model_n_devices(model).max(0);
+            (0..n).map(|i| dflash2_shim_model_get_device(model, i)).filter(|d| !d.is_null()).collect()
+        }
+    }
+
+    /// Turns capture of the input of target layer `lid` on or off.
+    pub fn set_layer_capture(&self, lid: u32, on: bool) {
+        // SAFETY: live context; the caller checked lid against the target's layers.
+        unsafe { dflash2_shim_set_embeddings_layer_inp(self.ctx.as_ptr(), lid, on) }
+    }
+
+    /// Tokens the target has evaluated so far (waits for pending work). A change
+    /// tells that a decode ran, which is what makes captured rows readable.
+    pub fn evaluated_tokens(&self) -> u64 {
+        // SAFETY: live context.
+        unsafe {
+            llama_synchronize(self.ctx.as_ptr());
+            let perf = llama_perf_context(self.ctx.as_ptr());
+            perf.n_p_eval.max(0) as u64 + perf.n_eval.max(0) as u64
+        }
+    }
+
+    /// The captured inputs of layer `lid` for the rows of the last decode, one
+    /// `n_embd` row per batch index, `n_batch` rows. Only valid after a decode
+    /// with capture on (libllama asserts otherwise; the engine checks first).
+    pub fn layer_input(&self, lid: u32) -> Option<&[f32]> {
+        let len = self.n_embd() * self.n_batch() as usize;
+        // SAFETY: live context; libllama sizes each capture buffer n_embd * n_batch
+        // floats and keeps it until the next decode, which cannot happen while the
+        // host is inside an engine call.
+        unsafe {
+            let p = dflash2_shim_get_embeddings_layer_inp(self.ctx.as_ptr(), lid);
+            (!p.is_null()).then(|| std::slice::from_raw_parts(p, len))
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! A target model and context in the linked libllama, driven the way a host
+//! drives it: batches of (sequence, token, position, wants logits) rows.
+#![allow(dead_code)]
+
+use std::path::Path;
+
+use dflash2::sys;
+
+use super::Model;
+
+/// One row of a target batch.
+#[derive(Clone, Copy, Debug)]
+pub struct TRow {
+    pub seq: i32,
+    pub token: i32,
+    pub pos: i32,
+    pub logits: bool,
+}
+
+pub struct Target {
+    pub model: Model,
+    pub ctx: *mut sys::llama_context,
+    pub n_vocab: usize,
+    /// Rows of the last decode, for handing them to the engine.
+    pub last_rows: Vec<TRow>,
+}
+
+impl Target {
+    pub fn new(path: &Path, n_seq: u32, n_ctx: u32, n_batch: u32) -> Target {
+        let model = Model::load(path);
+        unsafe {
+            let mut cp = sys::llama_context_default_params();
+            cp.n_ctx = n_ctx;
+            cp.n_batch = n_batch;
+            cp.n_ubatch = n_batch;
+            cp.n_seq_max = n_seq;
+            cp.n_threads = 2;
+            cp.n_threads_batch = 2;
+            cp.kv_unified = n_seq == 1;
+            let ctx = sys::llama_init_from_model(model.0, cp);
+            assert!(!ctx.is_null(), "target context");
+            let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.0)) as usize;
+            Target { model, ctx, n_vocab, last_rows: Vec::new() }
+        }
+    }
+
+    /// Decodes the rows; returns the greedy token of every row that asked for logits, in order.
+    pub fn decode(&mut self, rows: &[TRow]) -> Vec<i32> {
+        unsafe {
+            let mut b = sys::llama_batch_init(rows.len() as i32, 0, 1);
+            for (i, r) in rows.iter().enumerate() {
+                *b.token.add(i) = r.token;
+                *b.pos.add(i) = r.pos;
+                *b.n_seq_id.add(i) = 1;
+                **b.seq_id.add(i) = r.seq;
+                *b.logits.add(i) = r.logits as i8;
+            }
+            b.n_tokens = rows.len() as i32;
+            let rc = sys::llama_decode(self.ctx, b);
+            sys::llama_batch_free(b);
+            assert_eq!(rc, 0, "target decode");
+            self.last_rows = rows.to_vec();
+            let mut out = Vec::new();
+            for (i, r) in rows.iter().enumerate() {
+                if r.logits {
+                    let logits =
+                        std::slice::from_raw_parts(sys::llama_get_logits_ith(self.ctx, i as i32), self.n_vocab);
+                    out.push(argmax(logits));
+                }
+            }
+            out
+        }
+    }
+
+    pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) {
+        unsafe {
+            assert!(sys::llama_memory_seq_rm(sys::llama_get_memory(self.ctx), seq, p0, p1));
+        }
+    }
+
+    pub fn tokenize(&self, text: &str, bos: bool) -> Vec<i32> {
+        unsafe {
+            let vocab = sys::llama_model_get_vocab(self.model.0);
+            let mut toks = vec![0i32; text.len() + 8];
+            let n = sys::llama_tokenize(
+                vocab,
+                text.as_ptr().cast(),
+                text.len() as i32,
+                toks.as_mut_ptr(),
+                toks.len() as i32,
+                bos,
+                true,
+            );
+            assert!(n > 0);
+            toks.truncate(n as usize);
+            toks
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        unsafe { sys::llama_free(self.ctx) }
+    }
+}
+
+/// First maximum, like the host's greedy sampler.
+pub fn argmax(v: &[f32]) -> i32 {
+    let mut best = 0;
+    for i in 1..v.len() {
+        if v[i] > v[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
+
+/// Target-only greedy generation of `n_gen` tokens after each prompt, one
+/// sequence at a time (the reference output).
+pub fn greedy_reference(path: &Path, prompts: &[Vec<i32>], n_gen: usize) -> Vec<Vec<i32>> {
+    prompts
+        .iter()
+        .map(|prompt| {
+            let mut t = Target::new(path, 1, 1024, 512);
+            let rows: Vec<TRow> = prompt
+                .iter()
+                .enumerate()
+                .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
+                .collect();
+            let mut next = t.decode(&rows)[0];
+            let mut out = vec![next];
+            let mut pos = prompt.len() as i32;
+            while out.len() < n_gen {
+                next = t.decode(&[TRow { seq: 0, token: next, pos, logits: true }])[0];
+                out.push(next);
+                pos += 1;
+            }
+            out
+        })
+        .collect()
+}

@@ -1,0 +1,94 @@
+// The README's main job: one generation with DFlash2 speculative decoding and
+// its statistics, next to the same generation by the target alone.
+#include "args.h"
+#include "host.h"
+
+#include <cstdio>
+#include <stdexcept>
+
+static void quiet_log(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
+}
+
+static void print_row(const char * name, const host_stats & s) {
+    printf("  %-12s %8.1f tok/s  %5lld tokens  %8.1f ms", name, s.tokens_per_s(), (long long) s.n_generated,
+            s.t_total_us / 1e3);
+    if (s.n_seq_steps && s.n_drafted) {
+        printf("  tau %.2f  accepted %lld/%lld (%.1f%%)", s.tau(), (long long) s.n_accepted, (long long) s.n_drafted,
+                100.0 * s.n_accepted / s.n_drafted);
+    }
+    printf("\n");
+}
+
+int main(int argc, char ** argv) {
+    try {
+        host_args args = host_parse_args(argc, argv);
+        bool with_upstream = false;
+        for (const auto & r : args.rest) {
+            if (r == "--upstream") {
+                with_upstream = true;
+            } else {
+                throw std::runtime_error("unknown option " + r);
+            }
+        }
+        if (args.prompts.empty()) {
+            args.prompts = { host_builtin_prompts()[0] };
+        }
+        llama_log_set(quiet_log, nullptr);
+        llama_backend_init();
+
+        host_target tgt(args.params);
+        std::vector<std::vector<llama_token>> prompts;
+        for (const auto & p : args.prompts) {
+            prompts.push_back(tgt.tokenize_chat(p));
+        }
+
+        printf("target  %s\ndrafter %s\nn_max %d, %zu prompt(s), %d token(s) each, %d thread(s)\n\n",
+                args.params.path_target.c_str(), args.params.path_draft.c_str(), args.params.n_max, prompts.size(),
+                args.params.n_predict, args.params.n_threads);
+
+        const host_generation ar = host_generate(tgt, nullptr, prompts);
+
+        tgt.reset_context();
+        host_generation spec;
+        {
+            auto d = make_drafter_dflash2(tgt);
+            spec = host_generate(tgt, d.get(), prompts);
+        }
+        host_generation up;
+        if (with_upstream) {
+            tgt.reset_context();
+            auto d = make_drafter_upstream(tgt);
+            up = host_generate(tgt, d.get(), prompts);
+        }
+
+        int identical = 0;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            printf("--- prompt %zu: %s\n%s\n\n", i, args.prompts[i].c_str(), tgt.detokenize(spec.tokens[i]).c_str());
+            identical += spec.tokens[i] == ar.tokens[i];
+        }
+
+        const host_stats & s = spec.stats;
+        printf("results\n");
+        print_row("target only", ar.stats);
+        print_row("dflash2", s);
+        if (with_upstream) {
+            print_row("upstream", up.stats);
+        }
+        printf("  dflash2 output identical to target-only: %d/%zu\n", identical, prompts.size());
+        printf("  dflash2 acceptance by draft position:");
+        for (int j = 0; j < args.params.n_max && j < HOST_MAX_DRAFT && s.drafted_at[j]; ++j) {
+            printf(" %d:%.0f%%", j + 1, 100.0 * s.accepted_at[j] / s.drafted_at[j]);
+        }
+        printf("\n  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
+                s.t_target_us / 1e3, s.t_drafter_us / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
+        return identical == (int) prompts.size() ? 0 : 1;
+    } catch (const std::exception & e) {
+        fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n", e.what(),
+                host_args_usage());
+        return 2;
+    }
+}

@@ -1,0 +1,73 @@
+#include "args.h"
+
+#include <stdexcept>
+
+namespace {
+
+int32_t to_int(const std::string & flag, const std::string & value, int32_t min) {
+    size_t used = 0;
+    long v = 0;
+    try {
+        v = std::stol(value, &used);
+    } catch (const std::exception &) {
+        used = 0;
+    }
+    if (used != value.size() || v < min || v > 1 << 30) {
+        throw std::runtime_error(flag + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
+    }
+    return (int32_t) v;
+}
+
+} // namespace
+
+const char * host_args_usage() {
+    return "  --target PATH     target GGUF\n"
+           "  --draft PATH      DFlash2 drafter GGUF\n"
+           "  --n-max N         most tokens per draft (default 7)\n"
+           "  --n-predict N     tokens to generate per prompt (default 128)\n"
+           "  --np N            sequences decoded in parallel (default 1)\n"
+           "  --threads N       CPU threads (default 2)\n"
+           "  --ctx-size N      target context (default 4096)\n"
+           "  --prompt TEXT     a user message (repeatable)\n"
+           "  --prompts FILE    user messages, one per line\n";
+}
+
+host_args host_parse_args(int argc, char ** argv) {
+    host_args a;
+    for (int i = 1; i < argc; ++i) {
+        const std::string flag = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                throw std::runtime_error(flag + " needs a value");
+            }
+            return argv[++i];
+        };
+        if (flag == "--target") {
+            a.params.path_target = value();
+        } else if (flag == "--draft") {
+            a.params.path_draft = value();
+        } else if (flag == "--n-max") {
+            a.params.n_max = to_int(flag, value(), 1);
+        } else if (flag == "--n-predict") {
+            a.params.n_predict = to_int(flag, value(), 1);
+        } else if (flag == "--np") {
+            a.params.n_seq = to_int(flag, value(), 1);
+        } else if (flag == "--threads") {
+            a.params.n_threads = to_int(flag, value(), 1);
+        } else if (flag == "--ctx-size") {
+            a.params.n_ctx = to_int(flag, value(), 256);
+        } else if (flag == "--prompt") {
+            a.prompts.push_back(value());
+        } else if (flag == "--prompts") {
+            for (auto & p : host_read_prompts(value())) {
+                a.prompts.push_back(p);
+            }
+        } else {
+            a.rest.push_back(flag);
+        }
+    }
+    if (a.params.path_target.empty() || a.params.path_draft.empty()) {
+        throw std::runtime_error("--target and --draft are required");
+    }
+    return a;
+}

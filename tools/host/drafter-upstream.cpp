@@ -1,0 +1,94 @@
+// llama.cpp's own DFlash2 path: common_speculative with draft-dflash, its draft
+// context created the way llama-server creates it.
+#include "host.h"
+#include "speculative.h"
+
+#include <stdexcept>
+
+namespace {
+
+struct drafter_upstream : host_drafter {
+    common_params                      params;
+    common_speculative_init_result_ptr init;
+    common_speculative               * spec    = nullptr;
+    llama_context                    * ctx_dft = nullptr;
+
+    std::vector<std::vector<llama_token>> results;
+
+    explicit drafter_upstream(host_target & tgt) {
+        const host_params & hp = tgt.params;
+        params.model.path                   = hp.path_target;
+        params.n_ctx                        = hp.n_ctx;
+        params.n_batch                      = hp.n_batch;
+        params.n_ubatch                     = hp.n_batch;
+        params.n_parallel                   = hp.n_seq;
+        params.kv_unified                   = hp.n_seq == 1;
+        params.no_extra_bufts               = true;
+        params.cpuparams.n_threads          = hp.n_threads;
+        params.cpuparams_batch.n_threads    = hp.n_threads;
+        params.speculative.types            = { COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH };
+        params.speculative.draft.mparams.path = hp.path_draft;
+        params.speculative.draft.n_max      = hp.n_max;
+        params.speculative.draft.n_min      = 0;
+        params.speculative.draft.p_min      = 0.0f;
+
+        common_params params_dft = common_base_params_to_speculative(params);
+        init = common_speculative_init_from_params(params_dft, tgt.model, tgt.ctx);
+        ctx_dft = init->context();
+        if (!ctx_dft) {
+            throw std::runtime_error("upstream: cannot create the draft context");
+        }
+        params.speculative.draft.ctx_tgt = tgt.ctx;
+        params.speculative.draft.ctx_dft = ctx_dft;
+        spec = common_speculative_init(params.speculative, (uint32_t) hp.n_seq);
+        if (!spec) {
+            throw std::runtime_error("upstream: common_speculative_init failed");
+        }
+        results.resize(hp.n_seq);
+    }
+
+    ~drafter_upstream() override {
+        common_speculative_free(spec);
+    }
+
+    const char * name() const override { return "upstream"; }
+
+    void process(const common_batch & batch) override {
+        if (!common_speculative_process(spec, batch)) {
+            throw std::runtime_error("upstream: common_speculative_process failed");
+        }
+    }
+
+    void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) override {
+        for (const auto & r : reqs) {
+            auto & dp = common_speculative_get_draft_params(spec, r.seq);
+            results[r.seq].clear();
+            dp.drafting = true;
+            dp.n_max    = r.n_max;
+            dp.pos0     = r.pos;
+            dp.id_last  = r.id_last;
+            dp.prompt   = r.history;
+            dp.result   = &results[r.seq];
+        }
+        common_speculative_draft(spec);
+        for (size_t k = 0; k < reqs.size(); ++k) {
+            // as llama-server: the noise block stays in the draft KV, trim it
+            llama_memory_seq_rm(llama_get_memory(ctx_dft), reqs[k].seq, reqs[k].pos, -1);
+            out[k] = results[reqs[k].seq];
+        }
+    }
+
+    void accept(llama_seq_id seq, int32_t n_accepted) override {
+        common_speculative_accept(spec, seq, (uint16_t) n_accepted);
+    }
+
+    void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) override {
+        llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, p0, p1);
+    }
+};
+
+} // namespace
+
+std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt) {
+    return std::make_unique<drafter_upstream>(tgt);
+}

@@ -1,0 +1,112 @@
+// A host of speculative decoding over libllama, the way llama-server drives it:
+// a target model and context, sequences decoded in parallel, one draft call for
+// every generating sequence, one target batch verifying all drafts, greedy
+// acceptance, rollback of the rejected tail. The drafter is pluggable: none
+// (target only), llama.cpp's own draft-dflash (libllama-common), or dflash2.
+#pragma once
+
+#include "common.h"
+#include "llama.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct host_params {
+    std::string path_target;
+    std::string path_draft;
+
+    int32_t n_ctx     = 4096;
+    int32_t n_batch   = 512;
+    int32_t n_threads = 2;
+    int32_t n_seq     = 1;   // sequences decoded in parallel
+    int32_t n_max     = 7;   // most tokens per draft
+    int32_t n_predict = 128; // tokens generated per sequence (fewer when it ends)
+};
+
+constexpr int HOST_MAX_DRAFT = 64;
+
+struct host_stats {
+    int64_t n_generated  = 0;
+    int64_t n_seq_steps  = 0; // verify steps summed over sequences
+    int64_t n_drafted    = 0;
+    int64_t n_accepted   = 0;
+    int64_t drafted_at [HOST_MAX_DRAFT] = {};
+    int64_t accepted_at[HOST_MAX_DRAFT] = {};
+
+    int64_t t_total_us   = 0; // generation wall time (prompt excluded)
+    int64_t t_target_us  = 0; // target decodes of the generation (verify)
+    int64_t t_drafter_us = 0; // drafter calls: process, draft, accept, seq_rm
+
+    // dflash2 only: its own split of the drafter time
+    int64_t t_inject_us  = -1;
+    int64_t t_noise_us   = -1;
+    int64_t t_walk_us    = -1;
+    int64_t t_copy_us    = -1;
+
+    double tau() const { return n_seq_steps ? (double) (n_accepted + n_seq_steps) / n_seq_steps : 0.0; }
+    double tokens_per_s() const { return t_total_us ? 1e6 * n_generated / t_total_us : 0.0; }
+};
+
+// the target model and one context on it
+struct host_target {
+    llama_model       * model = nullptr;
+    llama_context     * ctx   = nullptr;
+    const llama_vocab * vocab = nullptr;
+    int32_t             n_vocab = 0;
+    host_params         params;
+
+    explicit host_target(const host_params & params);
+    ~host_target();
+
+    // a fresh context: drafters attach to it, so each mode gets its own
+    void reset_context();
+
+    std::vector<llama_token> tokenize_chat(const std::string & user_message) const;
+    std::string              detokenize(const std::vector<llama_token> & tokens) const;
+
+    void        decode(common_batch & batch); // throws std::runtime_error
+    llama_token argmax(int32_t i_batch) const;
+    bool        is_eog(llama_token id) const { return llama_vocab_is_eog(vocab, id); }
+};
+
+struct draft_request {
+    llama_seq_id                     seq;
+    llama_token                      id_last;
+    llama_pos                        pos;     // target position of id_last
+    int32_t                          n_max;
+    const std::vector<llama_token> * history; // prompt + generated so far
+};
+
+struct host_drafter {
+    virtual ~host_drafter() = default;
+
+    virtual const char * name() const = 0;
+
+    // after every target decode, with the batch just decoded
+    virtual void process(const common_batch & batch) = 0;
+    virtual void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) = 0;
+    virtual void accept(llama_seq_id seq, int32_t n_accepted) = 0;
+    // mirrors a target llama_memory_seq_rm
+    virtual void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) = 0;
+
+    virtual void fill_stats(host_stats & stats) const { (void) stats; }
+};
+
+std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt);
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt);
+
+struct host_generation {
+    std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
+    host_stats                            stats;
+};
+
+// generates for every prompt, n_seq prompts at a time in parallel; drafter NULL = target only
+host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts);
+
+// mixed instruction prompts (code, math, prose, lists, JSON)
+const std::vector<std::string> & host_builtin_prompts();
+std::vector<std::string>         host_read_prompts(const std::string & path);
+
+int64_t host_time_us();

@@ -1,0 +1,129 @@
+#include "host.h"
+
+#include <chrono>
+#include <fstream>
+#include <stdexcept>
+
+int64_t host_time_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(
+            std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+host_target::host_target(const host_params & params) : params(params) {
+    llama_model_params mparams = llama_model_default_params();
+    // ggml's AMX repack path segfaults on some CPUs with this Q4_1 target
+    mparams.use_extra_bufts = false;
+    model = llama_model_load_from_file(params.path_target.c_str(), mparams);
+    if (!model) {
+        throw std::runtime_error("cannot load the target " + params.path_target);
+    }
+    vocab   = llama_model_get_vocab(model);
+    n_vocab = llama_vocab_n_tokens(vocab);
+    reset_context();
+}
+
+host_target::~host_target() {
+    llama_free(ctx);
+    llama_model_free(model);
+}
+
+void host_target::reset_context() {
+    llama_free(ctx);
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx           = params.n_ctx;
+    cparams.n_batch         = params.n_batch;
+    cparams.n_ubatch        = params.n_batch;
+    cparams.n_seq_max       = params.n_seq;
+    cparams.n_threads       = params.n_threads;
+    cparams.n_threads_batch = params.n_threads;
+    cparams.kv_unified      = params.n_seq == 1;
+    cparams.no_perf         = false;
+    ctx = llama_init_from_model(model, cparams);
+    if (!ctx) {
+        throw std::runtime_error("cannot create the target context");
+    }
+}
+
+std::vector<llama_token> host_target::tokenize_chat(const std::string & user_message) const {
+    std::string text = user_message;
+    const char * tmpl = llama_model_chat_template(model, nullptr);
+    if (tmpl) {
+        llama_chat_message msg = { "user", user_message.c_str() };
+        std::vector<char> buf(user_message.size() * 2 + 1024);
+        int32_t n = llama_chat_apply_template(tmpl, &msg, 1, true, buf.data(), (int32_t) buf.size());
+        if (n > (int32_t) buf.size()) {
+            buf.resize(n);
+            n = llama_chat_apply_template(tmpl, &msg, 1, true, buf.data(), (int32_t) buf.size());
+        }
+        if (n > 0) {
+            text.assign(buf.data(), n);
+        }
+    }
+    std::vector<llama_token> tokens(text.size() + 16);
+    const int32_t n = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(),
+            /*add_special*/ tmpl == nullptr, /*parse_special*/ true);
+    if (n < 0) {
+        throw std::runtime_error("tokenization failed");
+    }
+    tokens.resize(n);
+    return tokens;
+}
+
+std::string host_target::detokenize(const std::vector<llama_token> & tokens) const {
+    std::string out;
+    char buf[256];
+    for (llama_token id : tokens) {
+        const int32_t n = llama_token_to_piece(vocab, id, buf, sizeof(buf), 0, false);
+        if (n > 0) {
+            out.append(buf, n);
+        }
+    }
+    return out;
+}
+
+void host_target::decode(common_batch & batch) {
+    const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    if (rc != 0) {
+        throw std::runtime_error("target decode failed: " + std::to_string(rc));
+    }
+}
+
+llama_token host_target::argmax(int32_t i_batch) const {
+    const float * logits = llama_get_logits_ith(ctx, i_batch);
+    llama_token best = 0;
+    for (llama_token i = 1; i < n_vocab; ++i) {
+        if (logits[i] > logits[best]) {
+            best = i;
+        }
+    }
+    return best;
+}
+
+const std::vector<std::string> & host_builtin_prompts() {
+    static const std::vector<std::string> prompts = {
+        "Write a Python function that checks whether a string is a palindrome.",
+        "What is 48 multiplied by 12? Show the steps.",
+        "Write a short paragraph about the history of the bicycle.",
+        "List five fruits that are rich in vitamin C.",
+        "Return a JSON object describing a book with title, author and year.",
+        "Explain what a hash table is in two sentences.",
+        "Write a C function that returns the maximum of an integer array.",
+        "Give three tips for writing clear emails.",
+    };
+    return prompts;
+}
+
+std::vector<std::string> host_read_prompts(const std::string & path) {
+    std::ifstream in(path);
+    if (!in) {
+        throw std::runtime_error("cannot read prompts from " + path);
+    }
+    std::vector<std::string> prompts;
+    std::string line;
+    while (std::getline(in, line)) {
+        if (!line.empty()) {
+            prompts.push_back(line);
+        }
+    }
+    return prompts;
+}
