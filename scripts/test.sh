@@ -50,7 +50,9 @@ build="$root/target/ctest"
 rm -rf "$build"
 prefix=$(scripts/install.sh "$build/prefix")
 cargo run -q --release -p dflash2-fixtures -- set "$build/fixtures"
-cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFLASH2_FIXTURES="$build/fixtures" >/dev/null
+cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$build/smollm2-dflash2-generated.gguf"
+cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFLASH2_FIXTURES="$build/fixtures" \
+    -DDFLASH2_SMOLLM2="$DFLASH2_SMOLLM2" -DDFLASH2_SMOLLM2_DRAFTER="$build/smollm2-dflash2-generated.gguf" >/dev/null
 cmake --build "$build/build" -j 2 >/dev/null
 ctest --test-dir "$build/build" --output-on-failure
 

@@ -50,7 +50,7 @@ pub struct llama_spec_dflash2_draft_request {
 /// What the engine holds for one sequence.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct llama_spec_dflash2_seq_info {
     /// Rows in the draft KV.
     pub n_in_kv: i32,

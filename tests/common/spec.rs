@@ -26,7 +26,7 @@ impl Spec {
             .last_rows
             .iter()
             .enumerate()
-            .map(|(i, r)| llama_spec_dflash2_row { i_batch: i as i32, seq_id: r.seq, pos: r.pos, embd: false })
+            .map(|(i, r)| llama_spec_dflash2_row { i_batch: i as i32, seq_id: r.seq, pos: r.pos, embd: r.embd })
             .collect();
         let rc = unsafe { llama_spec_dflash2_process(self.0, rows.as_ptr(), rows.len() as i32) };
         assert_eq!(rc, 0, "process: {}", last_error());

@@ -17,12 +17,31 @@ pub struct TRow {
     pub logits: bool,
 }
 
+/// One row of a target batch in the extended form: a token or an embedding
+/// (an image row), with all four M-RoPE position sections.
+#[derive(Clone, Debug)]
+pub struct ERow {
+    pub seq: i32,
+    pub token: Option<i32>,
+    pub embd: Vec<f32>,
+    pub pos: [i32; 4],
+    pub logits: bool,
+}
+
+/// What the engine is told about a decoded row.
+#[derive(Clone, Copy, Debug)]
+pub struct DecodedRow {
+    pub seq: i32,
+    pub pos: i32,
+    pub embd: bool,
+}
+
 pub struct Target {
     pub model: Model,
     pub ctx: *mut sys::llama_context,
     pub n_vocab: usize,
     /// Rows of the last decode, for handing them to the engine.
-    pub last_rows: Vec<TRow>,
+    pub last_rows: Vec<DecodedRow>,
 }
 
 impl Target {
@@ -59,17 +78,51 @@ impl Target {
             let rc = sys::llama_decode(self.ctx, b);
             sys::llama_batch_free(b);
             assert_eq!(rc, 0, "target decode");
-            self.last_rows = rows.to_vec();
-            let mut out = Vec::new();
-            for (i, r) in rows.iter().enumerate() {
-                if r.logits {
-                    let logits =
-                        std::slice::from_raw_parts(sys::llama_get_logits_ith(self.ctx, i as i32), self.n_vocab);
-                    out.push(argmax(logits));
-                }
-            }
-            out
+            self.last_rows = rows.iter().map(|r| DecodedRow { seq: r.seq, pos: r.pos, embd: false }).collect();
         }
+        self.greedy_of(rows.iter().map(|r| r.logits))
+    }
+
+    fn greedy_of(&self, wants: impl Iterator<Item = bool>) -> Vec<i32> {
+        let mut out = Vec::new();
+        for (i, want) in wants.enumerate() {
+            if want {
+                let logits =
+                    unsafe { std::slice::from_raw_parts(sys::llama_get_logits_ith(self.ctx, i as i32), self.n_vocab) };
+                out.push(argmax(logits));
+            }
+        }
+        out
+    }
+
+    /// Decodes extended rows (tokens or embeddings, 4 position sections) with
+    /// llama_batch_ext; returns the greedy token of every row that asked for logits.
+    pub fn decode_ext(&mut self, rows: &[ERow]) -> Vec<i32> {
+        unsafe {
+            let b = sys::llama_batch_ext_init(self.ctx);
+            for r in rows {
+                let idx = match r.token {
+                    Some(t) => sys::llama_batch_ext_add_token(b, r.seq, t),
+                    None => {
+                        let e = sys::llama_embd { data: r.embd.as_ptr(), n_rows: 1, n_embd: r.embd.len() };
+                        sys::llama_batch_ext_add_embd(b, r.seq, e)
+                    }
+                };
+                assert!(idx >= 0, "batch add: {idx}");
+                assert!(sys::llama_batch_ext_set_pos(b, idx, r.pos.as_ptr()));
+                assert!(sys::llama_batch_ext_set_output_logits(b, idx, r.logits));
+            }
+            let rc = sys::llama_process(self.ctx, sys::LLAMA_PROCESS_TYPE_DECODE, b);
+            sys::llama_batch_ext_free(b);
+            assert_eq!(rc, 0, "target decode (ext)");
+        }
+        self.last_rows =
+            rows.iter().map(|r| DecodedRow { seq: r.seq, pos: r.pos[0], embd: r.token.is_none() }).collect();
+        self.greedy_of(rows.iter().map(|r| r.logits))
+    }
+
+    pub fn n_embd(&self) -> usize {
+        unsafe { sys::llama_model_n_embd(self.model.0) as usize }
     }
 
     pub fn seq_rm(&mut self, seq: i32, p0: i32, p1: i32) {

