@@ -6,13 +6,6 @@
 #include <cstdio>
 #include <stdexcept>
 
-static void quiet_log(enum ggml_log_level level, const char * text, void * user_data) {
-    (void) user_data;
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        fputs(text, stderr);
-    }
-}
-
 static void print_row(const char * name, const host_stats & s) {
     printf("  %-12s %8.1f tok/s  %5lld tokens  %8.1f ms", name, s.tokens_per_s(), (long long) s.n_generated,
             s.t_total_us / 1e3);
@@ -37,7 +30,7 @@ int main(int argc, char ** argv) {
         if (args.prompts.empty()) {
             args.prompts = { host_builtin_prompts()[0] };
         }
-        llama_log_set(quiet_log, nullptr);
+        llama_log_set(host_log_errors_only, nullptr);
         llama_backend_init();
 
         host_target tgt(args.params);

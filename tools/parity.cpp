@@ -11,13 +11,6 @@
 #include <cstdio>
 #include <stdexcept>
 
-static void quiet_log(enum ggml_log_level level, const char * text, void * user_data) {
-    (void) user_data;
-    if (level == GGML_LOG_LEVEL_ERROR) {
-        fputs(text, stderr);
-    }
-}
-
 // prefills one prompt and drafts once
 static std::vector<llama_token> first_draft(host_target & tgt, host_drafter & d, const std::vector<llama_token> & prompt) {
     llama_memory_seq_rm(llama_get_memory(tgt.ctx), -1, -1, -1);
@@ -48,8 +41,8 @@ int main(int argc, char ** argv) {
         if (args.prompts.empty()) {
             args.prompts = host_builtin_prompts();
         }
-        llama_log_set(quiet_log, nullptr);
-        llama_spec_dflash2_log_set(quiet_log, nullptr);
+        llama_log_set(host_log_errors_only, nullptr);
+        llama_spec_dflash2_log_set(host_log_errors_only, nullptr);
         llama_backend_init();
 
         host_target tgt(args.params);

@@ -110,3 +110,6 @@ const std::vector<std::string> & host_builtin_prompts();
 std::vector<std::string>         host_read_prompts(const std::string & path);
 
 int64_t host_time_us();
+
+// a log callback that passes errors to stderr and drops the rest (for llama_log_set)
+void host_log_errors_only(enum ggml_log_level level, const char * text, void * user_data);

@@ -1,12 +1,20 @@
 #include "host.h"
 
 #include <chrono>
+#include <cstdio>
 #include <fstream>
 #include <stdexcept>
 
 int64_t host_time_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(
             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void host_log_errors_only(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        fputs(text, stderr);
+    }
 }
 
 host_target::host_target(const host_params & params) : params(params) {
