@@ -6,6 +6,7 @@
 #   scripts/llama-cpp.sh build    fetch + build + install if not cached; prints the prefix
 #   scripts/llama-cpp.sh prefix   print the install prefix (whether built or not)
 #   scripts/llama-cpp.sh src      print the source tree path (whether fetched or not)
+#   scripts/llama-cpp.sh build-dir print the CMake build folder of the pinned build
 #
 # Environment:
 #   DFLASH2_CACHE         cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/dflash2)
@@ -101,11 +102,15 @@ fetch_source() {
     touch "$src/.dflash2-fetched"
 }
 
+build_dir() {
+    echo "$(pin_root)/build-r${RECIPE}"
+}
+
 build_install() {
     local src prefix build jobs start
     src=$(src_dir)
     prefix=$(prefix_dir)
-    build="$(pin_root)/build-r${RECIPE}"
+    build=$(build_dir)
     jobs=${DFLASH2_JOBS:-$(nproc)}
     start=$(date +%s)
     log "building llama.cpp $PIN_VERSION into $prefix ($jobs jobs)"
@@ -134,6 +139,9 @@ case "$cmd" in
     src)
         src_dir
         ;;
+    build-dir)
+        build_dir
+        ;;
     build)
         if [ -n "${DFLASH2_LLAMA_PREFIX:-}" ]; then
             if [ ! -f "$DFLASH2_LLAMA_PREFIX/include/llama.h" ]; then
@@ -155,7 +163,7 @@ case "$cmd" in
         prefix_dir
         ;;
     *)
-        echo "usage: $0 [build|prefix|src]" >&2
+        echo "usage: $0 [build|prefix|src|build-dir]" >&2
         exit 2
         ;;
 esac

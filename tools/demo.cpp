@@ -20,7 +20,7 @@ int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv);
         bool with_upstream = false;
-        for (const auto & r : args.rest) {
+        for (const auto & r : args.flags) {
             if (r == "--upstream") {
                 with_upstream = true;
             } else {
@@ -77,7 +77,7 @@ int main(int argc, char ** argv) {
             printf(" %d:%.0f%%", j + 1, 100.0 * s.accepted_at[j] / s.drafted_at[j]);
         }
         printf("\n  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
-                s.t_target_us / 1e3, s.t_drafter_us / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
+                s.t_target_us / 1e3, s.t_drafter_us() / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
         return identical == (int) prompts.size() ? 0 : 1;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n", e.what(),

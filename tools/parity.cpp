@@ -38,6 +38,9 @@ static std::string join(const std::vector<llama_token> & v) {
 int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv);
+        if (!args.flags.empty()) {
+            throw std::runtime_error("unknown option " + args.flags[0]);
+        }
         if (args.prompts.empty()) {
             args.prompts = host_builtin_prompts();
         }

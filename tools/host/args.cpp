@@ -1,5 +1,6 @@
 #include "args.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace {
@@ -20,19 +21,34 @@ int32_t to_int(const std::string & flag, const std::string & value, int32_t min)
 
 } // namespace
 
+std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::string & list) {
+    std::vector<int32_t> out;
+    size_t start = 0;
+    while (start <= list.size()) {
+        const size_t comma = list.find(',', start);
+        const size_t end   = comma == std::string::npos ? list.size() : comma;
+        out.push_back(to_int(flag, list.substr(start, end - start), 1));
+        if (comma == std::string::npos) {
+            break;
+        }
+        start = comma + 1;
+    }
+    return out;
+}
+
 const char * host_args_usage() {
     return "  --target PATH     target GGUF\n"
            "  --draft PATH      DFlash2 drafter GGUF\n"
            "  --n-max N         most tokens per draft (default 7)\n"
            "  --n-predict N     tokens to generate per prompt (default 128)\n"
-           "  --np N            sequences decoded in parallel (default 1)\n"
+           "  --np N[,N...]     sequences decoded in parallel (default 1)\n"
            "  --threads N       CPU threads (default 2)\n"
            "  --ctx-size N      target context (default 4096)\n"
            "  --prompt TEXT     a user message (repeatable)\n"
            "  --prompts FILE    user messages, one per line\n";
 }
 
-host_args host_parse_args(int argc, char ** argv) {
+host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags) {
     host_args a;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
@@ -51,7 +67,7 @@ host_args host_parse_args(int argc, char ** argv) {
         } else if (flag == "--n-predict") {
             a.params.n_predict = to_int(flag, value(), 1);
         } else if (flag == "--np") {
-            a.params.n_seq = to_int(flag, value(), 1);
+            a.np_list = host_parse_int_list(flag, value());
         } else if (flag == "--threads") {
             a.params.n_threads = to_int(flag, value(), 1);
         } else if (flag == "--ctx-size") {
@@ -62,10 +78,16 @@ host_args host_parse_args(int argc, char ** argv) {
             for (auto & p : host_read_prompts(value())) {
                 a.prompts.push_back(p);
             }
+        } else if (std::find(value_flags.begin(), value_flags.end(), flag) != value_flags.end()) {
+            a.values[flag] = value();
         } else {
-            a.rest.push_back(flag);
+            a.flags.push_back(flag);
         }
     }
+    if (a.np_list.empty()) {
+        a.np_list = { 1 };
+    }
+    a.params.n_seq = *std::max_element(a.np_list.begin(), a.np_list.end());
     if (a.params.path_target.empty() || a.params.path_draft.empty()) {
         throw std::runtime_error("--target and --draft are required");
     }

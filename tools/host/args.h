@@ -3,17 +3,23 @@
 
 #include "host.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
 struct host_args {
-    host_params              params;
-    std::vector<std::string> prompts; // user messages (chat template applied)
-    std::vector<std::string> rest;    // options the tool handles itself
+    host_params                        params;
+    std::vector<int32_t>               np_list; // --np 1,2,4 (params.n_seq = the largest)
+    std::vector<std::string>           prompts; // user messages (chat template applied)
+    std::vector<std::string>           flags;   // value-less options the tool handles itself
+    std::map<std::string, std::string> values;  // the tool's own options with a value
 };
 
-// parses --target --draft --n-max --n-predict --np --threads --ctx-size --prompt --prompts;
-// throws std::runtime_error with a message on bad input
-host_args host_parse_args(int argc, char ** argv);
+// parses --target --draft --n-max --n-predict --np --threads --ctx-size --prompt --prompts,
+// and the tool's `value_flags` (each takes a value); throws std::runtime_error on bad input
+host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags = {});
+
+// "1,2,4" -> {1, 2, 4}; each >= 1
+std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::string & list);
 
 const char * host_args_usage();

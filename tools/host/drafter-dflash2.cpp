@@ -80,13 +80,18 @@ struct drafter_dflash2 : host_drafter {
         check(llama_spec_dflash2_seq_rm(spec, seq, p0, p1), "seq_rm");
     }
 
-    void fill_stats(host_stats & stats) const override {
+    void reset_stats() override {
+        check(llama_spec_dflash2_reset_stats(spec), "reset_stats");
+    }
+
+    void add_stats(host_stats & stats) const override {
         llama_spec_dflash2_stats s;
         check(llama_spec_dflash2_get_stats(spec, &s), "get_stats");
-        stats.t_inject_us = (int64_t) s.t_inject_us;
-        stats.t_noise_us  = (int64_t) s.t_draft_us;
-        stats.t_walk_us   = (int64_t) s.t_walk_us;
-        stats.t_copy_us   = (int64_t) s.t_process_us;
+        stats.has_split = true;
+        stats.t_inject_us += (int64_t) s.t_inject_us;
+        stats.t_noise_us  += (int64_t) s.t_draft_us;
+        stats.t_walk_us   += (int64_t) s.t_walk_us;
+        stats.t_copy_us   += (int64_t) s.t_process_us;
     }
 };
 

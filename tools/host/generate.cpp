@@ -32,15 +32,14 @@ void emit(const host_target & tgt, stream & s, const std::vector<llama_token> & 
 void prefill(host_target & tgt, host_drafter * drafter, std::vector<stream> & streams, host_stats & stats) {
     common_batch batch(tgt.ctx);
     std::vector<std::pair<size_t, int32_t>> last_rows; // stream, batch index of its last prompt row
+    const int64_t t_start = host_time_us();
     auto flush = [&]() {
         if (batch.size() == 0) {
             return;
         }
         tgt.decode(batch);
         if (drafter) {
-            const int64_t t = host_time_us();
             drafter->process(batch);
-            stats.t_drafter_us += host_time_us() - t;
         }
         for (auto [i, row] : last_rows) {
             streams[i].id_last = tgt.argmax(row);
@@ -63,6 +62,7 @@ void prefill(host_target & tgt, host_drafter * drafter, std::vector<stream> & st
         streams[i].n_past = (llama_pos) prompt.size();
     }
     flush();
+    stats.t_prefill_us += host_time_us() - t_start;
 }
 
 void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & streams, host_stats & stats) {
@@ -71,6 +71,9 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
         drafter->seq_rm(-1, -1, -1);
     }
     prefill(tgt, drafter, streams, stats);
+    if (drafter) {
+        drafter->reset_stats();
+    }
 
     const int64_t t_start = host_time_us();
     for (auto & s : streams) {
@@ -100,7 +103,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
             }
             const int64_t t = host_time_us();
             drafter->draft(reqs, drafts);
-            stats.t_drafter_us += host_time_us() - t;
+            stats.t_draft_us += host_time_us() - t;
         }
 
         batch.clear();
@@ -118,7 +121,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
         if (drafter) {
             t = host_time_us();
             drafter->process(batch);
-            stats.t_drafter_us += host_time_us() - t;
+            stats.t_process_us += host_time_us() - t;
         }
 
         for (size_t k = 0; k < active.size(); ++k) {
@@ -144,7 +147,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
                 t = host_time_us();
                 drafter->accept(s.seq, (int32_t) n_acc);
                 drafter->seq_rm(s.seq, keep, -1);
-                stats.t_drafter_us += host_time_us() - t;
+                stats.t_accept_us += host_time_us() - t;
             }
             s.n_past  = keep;
             s.id_last = verdicts.back();
@@ -152,6 +155,9 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
         }
     }
     stats.t_total_us += host_time_us() - t_start;
+    if (drafter) {
+        drafter->add_stats(stats);
+    }
 }
 
 } // namespace
@@ -174,9 +180,6 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
             gen.stats.n_generated += (int64_t) s.out.size();
             gen.tokens[s.i_prompt] = std::move(s.out);
         }
-    }
-    if (drafter) {
-        drafter->fill_stats(gen.stats);
     }
     return gen;
 }

@@ -35,15 +35,21 @@ struct host_stats {
     int64_t drafted_at [HOST_MAX_DRAFT] = {};
     int64_t accepted_at[HOST_MAX_DRAFT] = {};
 
+    int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
     int64_t t_target_us  = 0; // target decodes of the generation (verify)
-    int64_t t_drafter_us = 0; // drafter calls: process, draft, accept, seq_rm
+    int64_t t_process_us = 0; // drafter process() calls after verify decodes
+    int64_t t_draft_us   = 0; // drafter draft() calls
+    int64_t t_accept_us  = 0; // drafter accept() and seq_rm() calls
 
-    // dflash2 only: its own split of the drafter time
-    int64_t t_inject_us  = -1;
-    int64_t t_noise_us   = -1;
-    int64_t t_walk_us    = -1;
-    int64_t t_copy_us    = -1;
+    // dflash2 only, generation phase: its own split of the drafter time
+    bool    has_split    = false;
+    int64_t t_inject_us  = 0; // injection decodes
+    int64_t t_noise_us   = 0; // noise-block decodes
+    int64_t t_walk_us    = 0; // lattice walks
+    int64_t t_copy_us    = 0; // copying tap features out of the target
+
+    int64_t t_drafter_us() const { return t_process_us + t_draft_us + t_accept_us; }
 
     double tau() const { return n_seq_steps ? (double) (n_accepted + n_seq_steps) / n_seq_steps : 0.0; }
     double tokens_per_s() const { return t_total_us ? 1e6 * n_generated / t_total_us : 0.0; }
@@ -60,8 +66,9 @@ struct host_target {
     explicit host_target(const host_params & params);
     ~host_target();
 
-    // a fresh context: drafters attach to it, so each mode gets its own
-    void reset_context();
+    // a fresh context for n_seq parallel sequences (0: keep params.n_seq);
+    // drafters attach to it, so each mode gets its own
+    void reset_context(int32_t n_seq = 0);
 
     std::vector<llama_token> tokenize_chat(const std::string & user_message) const;
     std::string              detokenize(const std::vector<llama_token> & tokens) const;
@@ -91,7 +98,9 @@ struct host_drafter {
     // mirrors a target llama_memory_seq_rm
     virtual void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) = 0;
 
-    virtual void fill_stats(host_stats & stats) const { (void) stats; }
+    // the drafter's own counters: zeroed after each prompt, added up after each wave
+    virtual void reset_stats() {}
+    virtual void add_stats(host_stats & stats) const { (void) stats; }
 };
 
 std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt);

@@ -35,7 +35,10 @@ host_target::~host_target() {
     llama_model_free(model);
 }
 
-void host_target::reset_context() {
+void host_target::reset_context(int32_t n_seq) {
+    if (n_seq > 0) {
+        params.n_seq = n_seq;
+    }
     llama_free(ctx);
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx           = params.n_ctx;

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Side-by-side benchmark: target-only (ar), llama.cpp's own draft-dflash
+# (upstream, libllama-common) and dflash2, in one process, np = 1, 2, 4.
+# Prints a table with ratios computed inside the run; writes
+# target/bench/bench.json and target/bench/bench.svg.
+#
+#   scripts/bench.sh                                  SmolLM2-135M + the best drafter found
+#   scripts/bench.sh --target T.gguf --draft D.gguf  any pair (a GPU build of llama.cpp via
+#                                                     DFLASH2_LLAMA_PREFIX for a big target)
+#
+# Drafter by default: ../shared/models/smollm2-135m-dflash2.gguf (trained) when present,
+# else ../shared/models/smollm2-135m-dflash2-random.gguf, else a generated one.
+# Other options are dflash2-bench's: --np 1,2,4 --reps N --n-predict N --n-max N
+# --prompts FILE --modes ar,upstream,dflash2 --threads N --json PATH --svg PATH
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+out="$root/target/bench"
+mkdir -p "$out"
+
+DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
+export DFLASH2_LLAMA_PREFIX
+prefix=$(scripts/install.sh "$out/prefix")
+cmake -S tools -B "$out/tools" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$out/tools" -j 2 >/dev/null
+
+args=("$@")
+has() { for a in "${args[@]}"; do [ "$a" = "$1" ] && return 0; done; return 1; }
+if ! has --target; then
+    args+=(--target "$(scripts/fetch-models.sh smollm2)")
+fi
+if ! has --draft; then
+    shared="$root/../shared/models"
+    if [ -f "$shared/smollm2-135m-dflash2.gguf" ]; then
+        drafter="$shared/smollm2-135m-dflash2.gguf"
+    elif [ -f "$shared/smollm2-135m-dflash2-random.gguf" ]; then
+        drafter="$shared/smollm2-135m-dflash2-random.gguf"
+    else
+        drafter="$out/smollm2-dflash2-generated.gguf"
+        [ -f "$drafter" ] || cargo run -q --release -p dflash2-fixtures -- \
+            drafter-for "$(scripts/fetch-models.sh smollm2)" "$drafter" >&2
+    fi
+    args+=(--draft "$drafter")
+fi
+has --np || args+=(--np 1,2,4)
+has --json || args+=(--json "$out/bench.json")
+has --svg || args+=(--svg "$out/bench.svg")
+exec "$out/tools/dflash2-bench" "${args[@]}"

@@ -1,0 +1,100 @@
+// dflash2 inside llama-server.
+//
+// The server drives speculative decoding through a handful of hooks: the
+// common_speculative_* functions and common_memory. This header gives the server
+// one type, dflash2_server_spec, that holds either llama.cpp's own
+// common_speculative (any spec type, or draft-dflash with --spec-dflash2-upstream)
+// or a dflash2 engine, plus overloads of every hook for that type. The patch
+// changes the type of the server's `spec` and slot `mem` members; the call sites
+// stay as they are and resolve to these overloads.
+#pragma once
+
+#include "common.h"
+#include "dflash2.h"
+#include "speculative.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+// our command-line options, parsed and removed from argv before llama.cpp parses it:
+//   --spec-dflash2-block-size N   noise block below the drafter's trained one (0 = trained)
+//   --spec-dflash2-image-rows M   inject | skip: what the drafter does with image rows
+//   --spec-dflash2-upstream       serve draft-dflash with llama.cpp's own path (for comparison)
+// returns false with a message on stderr for a bad value
+bool dflash2_server_take_args(int & argc, char ** argv);
+
+// true when this configuration drafts through dflash2: a DFlash2 drafter with the
+// draft-dflash spec type (explicit or inferred from the GGUF), unless --spec-dflash2-upstream
+bool dflash2_server_routes(const common_params & params);
+
+// the draft length the target's outputs are sized for (1 + n_max per sequence)
+int32_t dflash2_server_output_n_max(const common_params & params);
+
+struct dflash2_server_spec {
+    common_speculative * upstream = nullptr; // llama.cpp's own path
+    llama_spec_dflash2 * engine   = nullptr; // or dflash2's
+    llama_context      * ctx_tgt  = nullptr;
+
+    std::vector<common_speculative_draft_params> dparams; // per sequence, filled by the server
+
+    // scratch of the calls, kept to avoid allocating every step
+    std::vector<llama_spec_dflash2_row>           rows;
+    std::vector<llama_spec_dflash2_draft_request> requests;
+    std::vector<llama_token>                      tokens;
+    std::vector<int32_t>                          n_drafted;
+
+    ~dflash2_server_spec();
+
+    bool is_upstream() const { return upstream != nullptr; }
+};
+
+using dflash2_server_spec_ptr = std::unique_ptr<dflash2_server_spec>;
+
+// replaces common_speculative_init(params.speculative, n_parallel); returns NULL when
+// there is nothing to speculate with, throws std::runtime_error when dflash2 should
+// serve but cannot (bad drafter, drafter for another target, ...)
+dflash2_server_spec * dflash2_server_spec_init(common_params & params, llama_context * ctx_tgt);
+
+// true when dflash2 was asked for and failed: the server must not start
+bool dflash2_server_init_failed(const common_params & params);
+
+// the hooks, for dflash2_server_spec
+common_speculative_draft_params & common_speculative_get_draft_params(dflash2_server_spec * spec, llama_seq_id seq_id);
+
+void common_speculative_begin  (dflash2_server_spec * spec, llama_seq_id seq_id, const llama_tokens & prompt);
+bool common_speculative_process(dflash2_server_spec * spec, const common_batch & batch);
+void common_speculative_draft  (dflash2_server_spec * spec);
+void common_speculative_accept (dflash2_server_spec * spec, llama_seq_id seq_id, uint16_t n_accepted);
+
+bool common_speculative_get_state(dflash2_server_spec * spec, llama_seq_id seq_id, std::vector<uint8_t> & data);
+void common_speculative_set_state(dflash2_server_spec * spec, llama_seq_id seq_id, const std::vector<uint8_t> & data);
+
+void    common_speculative_print_stats(const dflash2_server_spec * spec);
+int32_t common_speculative_n_max(const dflash2_server_spec * spec);
+
+const std::vector<double> & common_speculative_get_synth_probs(const dflash2_server_spec * spec);
+
+// a slot's memory: the target's, and the same operation on the dflash2 engine of that
+// target context (which maps target positions to its own dense draft positions)
+struct dflash2_server_memory : common_memory {
+    void seq_rm (llama_seq_id seq_id, llama_pos p0, llama_pos p1) const;
+    void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) const;
+    void seq_cp (llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) const;
+};
+
+// the prompt cache: the draft part of a saved slot state (upstream: the draft
+// context's sequence state; dflash2: its state blob)
+size_t dflash2_server_state_size(const dflash2_server_spec * spec, llama_context * ctx_dft, llama_seq_id seq_id);
+void   dflash2_server_state_save(const dflash2_server_spec * spec, llama_context * ctx_dft, llama_seq_id seq_id,
+                                 std::vector<uint8_t> & dst);
+// restores the draft part for the engine of ctx_tgt; false when no engine serves ctx_tgt
+bool   dflash2_server_state_load(llama_context * ctx_tgt, llama_seq_id seq_id, const std::vector<uint8_t> & data);
+
+// draft statistics of a slot for /slots (JSON text)
+std::string dflash2_server_slot_json(int32_t n_drafted, int32_t n_accepted, int32_t n_verify_steps,
+                                     const std::vector<uint64_t> & accepted_per_pos);
+
+// dflash2's counters for /metrics (prometheus text, empty when no engine serves)
+std::string dflash2_server_metrics();

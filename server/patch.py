@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Routes llama-server's speculative hooks to dflash2: anchored insertions into
+the pinned llama.cpp tree's tools/server sources. Every anchor must occur
+exactly once in the pristine file; otherwise the tree is not the one this patch
+was written for, and the script stops and says which anchor failed.
+
+    patch.py PRISTINE_SERVER_DIR OUT_SERVER_DIR
+
+Reads the pristine tools/server files, writes patched copies of the files it
+changes into OUT_SERVER_DIR (which may be the server dir itself).
+"""
+
+import pathlib
+import sys
+
+MARK = "// dflash2"
+
+# (file, anchor, replacement); each replacement keeps the anchor's text where it
+# can and adds one marked line or expression.
+EDITS = [
+    ("server-context.cpp",
+     '#include "speculative.h"\n',
+     '#include "speculative.h"\n#include "dflash2-server.h" ' + MARK + '\n'),
+    # target outputs are sized for dflash2's effective draft length
+    ("server-context.cpp",
+     "params.n_batch, params.n_parallel, common_speculative_n_max(&params.speculative));",
+     "params.n_batch, params.n_parallel, dflash2_server_output_n_max(params)); " + MARK),
+    # slot memory mirrors every operation into the dflash2 engine
+    ("server-context.cpp",
+     "    common_memory mem;\n",
+     "    dflash2_server_memory mem; " + MARK + "\n"),
+    # the speculative object: upstream's or dflash2's, behind overloads of every hook
+    ("server-context.cpp",
+     "    // speculative decoding\n    common_speculative * spec;\n",
+     "    // speculative decoding\n    dflash2_server_spec * spec; " + MARK + "\n"),
+    ("server-context.cpp",
+     "                struct cb_data_t {\n                    common_speculative * spec;\n",
+     "                struct cb_data_t {\n                    dflash2_server_spec * spec; " + MARK + "\n"),
+    ("server-context.cpp",
+     "    common_speculative_ptr spec;\n",
+     "    dflash2_server_spec_ptr spec; " + MARK + "\n"),
+    # prompt cache: the draft part of a saved slot is dflash2's state blob
+    ("server-context.cpp",
+     "const size_t cur_size_dft = ctx_dft ? llama_state_seq_get_size_ext(ctx_dft, id, LLAMA_STATE_SEQ_FLAGS_NONE) : 0;",
+     "const size_t cur_size_dft = dflash2_server_state_size(spec, ctx_dft, id); " + MARK),
+    ("server-context.cpp",
+     "        if (ctx_dft) {\n"
+     "            llama_state_seq_get_data_ext(ctx_dft, cur->data.drft.data(), cur_size_dft, id, LLAMA_STATE_SEQ_FLAGS_NONE);\n"
+     "        }\n",
+     "        dflash2_server_state_save(spec, ctx_dft, id, cur->data.drft); " + MARK + "\n"),
+    # no upstream draft context when dflash2 serves: the drafter is loaded once, by dflash2
+    ("server-context.cpp",
+     "        if (has_spec) {\n            // spec_mtp doesn't use load a model internally",
+     "        if (has_spec && !dflash2_server_routes(params_base)) { " + MARK + "\n"
+     "            // spec_mtp doesn't use load a model internally"),
+    ("server-context.cpp",
+     "spec.reset(common_speculative_init(params_base.speculative, params_base.n_parallel));",
+     "spec.reset(dflash2_server_spec_init(params_base, ctx_tgt)); " + MARK),
+    # a drafter dflash2 cannot serve stops the server instead of running without drafts
+    ("server-context.cpp",
+     '                SRV_ERR("failed to initialize speculative decoding context: %s\\n", e.what());\n',
+     '                SRV_ERR("failed to initialize speculative decoding context: %s\\n", e.what());\n'
+     "                if (dflash2_server_init_failed(params_base)) { return false; } " + MARK + "\n"),
+    # dflash2 takes feature rows of any width from embedding batches (images)
+    ("server-context.cpp",
+     "        if (spec && batch.has_embd) {",
+     "        if (spec && spec->is_upstream() && batch.has_embd) { " + MARK),
+    # /slots: the slot's draft statistics
+    ("server-context.cpp",
+     '            {"is_processing", is_processing()},\n        };\n',
+     '            {"is_processing", is_processing()},\n        };\n'
+     "        if (can_speculate()) { res[\"draft\"] = json::parse(dflash2_server_slot_json(stats.n_draft_tokens, "
+     "stats.n_draft_accepted, stats.n_draft_verif_steps, n_accepted_per_pos)); } " + MARK + "\n"),
+
+    ("server-task.cpp",
+     '#include "speculative.h"\n',
+     '#include "speculative.h"\n#include "dflash2-server.h" ' + MARK + '\n'),
+    # prompt cache restore: dflash2 takes the draft part when it serves this target
+    ("server-task.cpp",
+     "            if (!data.empty()) {\n                GGML_ASSERT(ctx_dft);\n",
+     "            if (!data.empty() && !dflash2_server_state_load(ctx_tgt, id_slot, data)) { " + MARK + "\n"
+     "                GGML_ASSERT(ctx_dft);\n"),
+    ("server-task.cpp",
+     "    return prometheus.str();\n}\n",
+     "    prometheus << dflash2_server_metrics(); " + MARK + "\n    return prometheus.str();\n}\n"),
+
+    # our command-line options leave argv before llama.cpp parses it
+    ("server.cpp",
+     '#include "common.h"\n',
+     '#include "common.h"\n#include "dflash2-server.h" ' + MARK + '\n'),
+    ("server.cpp",
+     "    if (!common_params_parse(argc, argv, params, LLAMA_EXAMPLE_SERVER)) {",
+     "    if (!dflash2_server_take_args(argc, argv)) { return 1; } " + MARK + "\n"
+     "    if (!common_params_parse(argc, argv, params, LLAMA_EXAMPLE_SERVER)) {"),
+
+    # build: our adapter in server-context, linked to libdflash2
+    ("CMakeLists.txt",
+     "target_link_libraries(${TARGET} PUBLIC llama-common mtmd ${CMAKE_THREAD_LIBS_INIT})\n",
+     "target_link_libraries(${TARGET} PUBLIC llama-common mtmd ${CMAKE_THREAD_LIBS_INIT})\n"
+     "target_sources(${TARGET} PRIVATE ${DFLASH2_SERVER_DIR}/dflash2-server.cpp) # dflash2\n"
+     "target_include_directories(${TARGET} PUBLIC ${DFLASH2_SERVER_DIR} ${DFLASH2_INCLUDE_DIR}) # dflash2\n"
+     "target_link_libraries(${TARGET} PUBLIC ${DFLASH2_LIBRARY}) # dflash2\n"),
+]
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    pristine = pathlib.Path(sys.argv[1])
+    out = pathlib.Path(sys.argv[2])
+    files = {}
+    for name, anchor, replacement in EDITS:
+        text = files.get(name)
+        if text is None:
+            path = pristine / name
+            if not path.is_file():
+                sys.exit(f"patch: {path} is missing: not the pinned llama.cpp tree")
+            text = path.read_text()
+            if MARK in text:
+                sys.exit(f"patch: {path} is already patched: pass the pristine server sources")
+        count = text.count(anchor)
+        if count != 1:
+            first = anchor.strip().splitlines()[0]
+            sys.exit(f"patch: anchor found {count} times (need exactly 1) in {name}: '{first}'\n"
+                     "the llama.cpp tree differs from the pinned one this patch was written for")
+        files[name] = text.replace(anchor, replacement)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (out / name).write_text(text)
+    print(f"patch: {len(EDITS)} insertions into {', '.join(sorted(files))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,359 @@
+// dflash2 vs llama.cpp's own draft-dflash vs target-only, in one process and one
+// run, across parallel sequences. Each step verifies all sequences' drafts in one
+// target batch, the way llama-server does. Prints a table with ratios computed
+// inside the run, writes JSON and an SVG chart of tokens/s and tau vs np.
+#include "args.h"
+#include "dflash2.h"
+#include "host.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace {
+
+struct mode_result {
+    std::string              mode;
+    int32_t                  np = 0;
+    std::vector<host_stats>  runs;
+    std::vector<bool>        identical; // per prompt, vs target-only at the same np
+    size_t                   i_median = 0;
+
+    const host_stats & median() const { return runs[i_median]; }
+
+    double tps(size_t i) const { return runs[i].tokens_per_s(); }
+
+    double tps_min() const {
+        double m = tps(0);
+        for (size_t i = 1; i < runs.size(); ++i) {
+            m = std::min(m, tps(i));
+        }
+        return m;
+    }
+
+    double tps_max() const {
+        double m = tps(0);
+        for (size_t i = 1; i < runs.size(); ++i) {
+            m = std::max(m, tps(i));
+        }
+        return m;
+    }
+
+    int n_identical() const { return (int) std::count(identical.begin(), identical.end(), true); }
+};
+
+std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target & tgt) {
+    if (mode == "upstream") {
+        return make_drafter_upstream(tgt);
+    }
+    if (mode == "dflash2") {
+        return make_drafter_dflash2(tgt);
+    }
+    return nullptr;
+}
+
+std::vector<std::string> split(const std::string & s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        out.push_back(item);
+    }
+    return out;
+}
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            return line.substr(line.find(':') + 2);
+        }
+    }
+    return "unknown";
+}
+
+std::string json_str(const std::string & s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if ((unsigned char) c < 0x20) {
+            char buf[8];
+            snprintf(buf, sizeof(buf), "\\u%04x", c);
+            out += buf;
+        } else {
+            out += c;
+        }
+    }
+    return out + "\"";
+}
+
+const mode_result * find(const std::vector<mode_result> & results, const std::string & mode, int32_t np) {
+    for (const auto & r : results) {
+        if (r.mode == mode && r.np == np) {
+            return &r;
+        }
+    }
+    return nullptr;
+}
+
+double ratio(const mode_result * a, const mode_result * b) {
+    return a && b && b->median().tokens_per_s() > 0 ? a->median().tokens_per_s() / b->median().tokens_per_s() : 0.0;
+}
+
+void print_table(const std::vector<mode_result> & results, const std::vector<int32_t> & nps, int n_max) {
+    printf("\n%-3s %-9s %22s %9s %6s %16s %9s %9s  %s\n", "np", "mode", "tok/s median [min..max]", "tok/s/seq",
+            "tau", "accepted/drafted", "identical", "verify ms", "drafter ms: process / draft / accept (inject, noise, walk)");
+    for (int32_t np : nps) {
+        for (const auto & r : results) {
+            if (r.np != np) {
+                continue;
+            }
+            const host_stats & s = r.median();
+            char tps[64], acc[32];
+            snprintf(tps, sizeof(tps), "%.1f [%.1f..%.1f]", s.tokens_per_s(), r.tps_min(), r.tps_max());
+            snprintf(acc, sizeof(acc), "%lld/%lld", (long long) s.n_accepted, (long long) s.n_drafted);
+            printf("%-3d %-9s %22s %9.1f %6.2f %16s %5d/%-3zu %9.1f", np, r.mode.c_str(), tps, s.tokens_per_s() / np,
+                    s.tau(), r.mode == "ar" ? "-" : acc, r.n_identical(), r.identical.size(), s.t_target_us / 1e3);
+            if (r.mode != "ar") {
+                printf("  %.1f / %.1f / %.1f", s.t_process_us / 1e3, s.t_draft_us / 1e3, s.t_accept_us / 1e3);
+                if (s.has_split) {
+                    printf(" (%.1f, %.1f, %.1f)", s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
+                }
+            }
+            printf("\n");
+        }
+        const mode_result * d = find(results, "dflash2", np);
+        const mode_result * u = find(results, "upstream", np);
+        const mode_result * a = find(results, "ar", np);
+        printf("    np=%d ratios: dflash2/upstream %.3f, dflash2/ar %.3f, upstream/ar %.3f\n", np, ratio(d, u),
+                ratio(d, a), ratio(u, a));
+        for (const auto * r : { u, d }) {
+            if (!r) {
+                continue;
+            }
+            printf("    %-8s acceptance by draft position:", r->mode.c_str());
+            for (int j = 0; j < n_max && j < HOST_MAX_DRAFT; ++j) {
+                const host_stats & s = r->median();
+                printf(" %d:%.0f%%", j + 1, s.drafted_at[j] ? 100.0 * s.accepted_at[j] / s.drafted_at[j] : 0.0);
+            }
+            printf("\n");
+        }
+    }
+}
+
+void write_json(const std::string & path, const host_args & args, const std::vector<std::string> & prompts,
+        const std::vector<mode_result> & results, int reps) {
+    std::ofstream out(path);
+    if (!out) {
+        throw std::runtime_error("cannot write " + path);
+    }
+    const host_params & p = args.params;
+    out << "{\n  \"machine\": {\"cpu\": " << json_str(cpu_model()) << ", \"hardware_threads\": "
+        << std::thread::hardware_concurrency() << ", \"threads\": " << p.n_threads << "},\n";
+    out << "  \"llama_cpp\": " << json_str(llama_print_system_info()) << ",\n";
+    out << "  \"dflash2\": " << json_str(llama_spec_dflash2_version()) << ",\n";
+    out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
+    out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps << ",\n";
+    out << "  \"prompts\": [";
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        out << (i ? ", " : "") << json_str(prompts[i]);
+    }
+    out << "],\n  \"results\": [\n";
+    for (size_t k = 0; k < results.size(); ++k) {
+        const mode_result & r = results[k];
+        const host_stats  & s = r.median();
+        out << "    {\"np\": " << r.np << ", \"mode\": " << json_str(r.mode) << ", \"tokens_per_s\": {\"median\": "
+            << s.tokens_per_s() << ", \"min\": " << r.tps_min() << ", \"max\": " << r.tps_max() << ", \"runs\": [";
+        for (size_t i = 0; i < r.runs.size(); ++i) {
+            out << (i ? ", " : "") << r.tps(i);
+        }
+        out << "]}, \"tokens_per_s_per_seq\": " << s.tokens_per_s() / r.np << ", \"generated\": " << s.n_generated
+            << ", \"decode_ms\": " << s.t_total_us / 1e3 << ", \"seq_steps\": " << s.n_seq_steps
+            << ", \"drafted\": " << s.n_drafted << ", \"accepted\": " << s.n_accepted << ", \"tau\": " << s.tau()
+            << ", \"acceptance_by_position\": [";
+        for (int j = 0; j < p.n_max && j < HOST_MAX_DRAFT; ++j) {
+            out << (j ? ", " : "") << (s.drafted_at[j] ? (double) s.accepted_at[j] / s.drafted_at[j] : 0.0);
+        }
+        out << "], \"time_ms\": {\"target_verify\": " << s.t_target_us / 1e3 << ", \"drafter_process\": "
+            << s.t_process_us / 1e3 << ", \"drafter_draft\": " << s.t_draft_us / 1e3 << ", \"drafter_accept\": "
+            << s.t_accept_us / 1e3 << ", \"other\": " << (s.t_total_us - s.t_target_us - s.t_drafter_us()) / 1e3;
+        if (s.has_split) {
+            out << ", \"inject\": " << s.t_inject_us / 1e3 << ", \"draft_decode\": " << s.t_noise_us / 1e3
+                << ", \"walk\": " << s.t_walk_us / 1e3 << ", \"feature_copy\": " << s.t_copy_us / 1e3;
+        }
+        out << "}, \"identical_to_ar\": [";
+        for (size_t i = 0; i < r.identical.size(); ++i) {
+            out << (i ? ", " : "") << (r.identical[i] ? "true" : "false");
+        }
+        out << "]}" << (k + 1 < results.size() ? "," : "") << "\n";
+    }
+    out << "  ],\n  \"ratios\": [\n";
+    std::vector<int32_t> nps;
+    for (const auto & r : results) {
+        if (std::find(nps.begin(), nps.end(), r.np) == nps.end()) {
+            nps.push_back(r.np);
+        }
+    }
+    for (size_t k = 0; k < nps.size(); ++k) {
+        const int32_t np = nps[k];
+        out << "    {\"np\": " << np << ", \"dflash2_over_upstream\": "
+            << ratio(find(results, "dflash2", np), find(results, "upstream", np)) << ", \"dflash2_over_ar\": "
+            << ratio(find(results, "dflash2", np), find(results, "ar", np)) << ", \"upstream_over_ar\": "
+            << ratio(find(results, "upstream", np), find(results, "ar", np)) << "}" << (k + 1 < nps.size() ? "," : "")
+            << "\n";
+    }
+    out << "  ]\n}\n";
+}
+
+void write_svg(const std::string & path, const std::vector<mode_result> & results, const std::vector<int32_t> & nps,
+        const std::vector<std::string> & modes) {
+    std::ofstream out(path);
+    if (!out) {
+        throw std::runtime_error("cannot write " + path);
+    }
+    const int W = 1010, H = 400, panel_w = 420, panel_h = 280, top = 60, left0 = 70, gap = 60;
+    const char * colors[] = { "#7f7f7f", "#1f77b4", "#d62728", "#2ca02c" };
+    out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+        << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    for (int panel = 0; panel < 2; ++panel) {
+        const int x0 = left0 + panel * (panel_w + gap);
+        double y_max = 0;
+        for (const auto & r : results) {
+            y_max = std::max(y_max, panel == 0 ? r.tps_max() : r.median().tau());
+        }
+        y_max = y_max > 0 ? y_max * 1.15 : 1.0;
+        auto px = [&](size_t i) { return x0 + (nps.size() == 1 ? panel_w / 2.0 : 20 + i * (panel_w - 40.0) / (nps.size() - 1)); };
+        auto py = [&](double v) { return top + panel_h - v / y_max * panel_h; };
+        out << "<text x=\"" << x0 + panel_w / 2 << "\" y=\"" << top - 25 << "\" text-anchor=\"middle\" font-size=\"14\">"
+            << (panel == 0 ? "tokens/s (aggregate, median, min..max)" : "tau (accepted + 1 per verify)") << "</text>\n";
+        out << "<rect x=\"" << x0 << "\" y=\"" << top << "\" width=\"" << panel_w << "\" height=\"" << panel_h
+            << "\" fill=\"none\" stroke=\"#333\"/>\n";
+        for (int t = 0; t <= 4; ++t) {
+            const double v = y_max * t / 4;
+            out << "<line x1=\"" << x0 << "\" x2=\"" << x0 + panel_w << "\" y1=\"" << py(v) << "\" y2=\"" << py(v)
+                << "\" stroke=\"#ddd\"/><text x=\"" << x0 - 6 << "\" y=\"" << py(v) + 4 << "\" text-anchor=\"end\">"
+                << (panel == 0 ? (int) v : (int) (v * 100) / 100.0) << "</text>\n";
+        }
+        for (size_t i = 0; i < nps.size(); ++i) {
+            out << "<text x=\"" << px(i) << "\" y=\"" << top + panel_h + 18 << "\" text-anchor=\"middle\">np="
+                << nps[i] << "</text>\n";
+        }
+        for (size_t m = 0; m < modes.size(); ++m) {
+            const char * color = colors[m % 4];
+            std::string points;
+            for (size_t i = 0; i < nps.size(); ++i) {
+                const mode_result * r = find(results, modes[m], nps[i]);
+                if (!r) {
+                    continue;
+                }
+                const double v = panel == 0 ? r->median().tokens_per_s() : r->median().tau();
+                points += std::to_string(px(i)) + "," + std::to_string(py(v)) + " ";
+                out << "<circle cx=\"" << px(i) << "\" cy=\"" << py(v) << "\" r=\"4\" fill=\"" << color << "\"/>\n";
+                if (panel == 0) {
+                    out << "<line x1=\"" << px(i) << "\" x2=\"" << px(i) << "\" y1=\"" << py(r->tps_min()) << "\" y2=\""
+                        << py(r->tps_max()) << "\" stroke=\"" << color << "\"/>\n";
+                }
+            }
+            out << "<polyline points=\"" << points << "\" fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\"/>\n";
+            if (panel == 0) {
+                out << "<rect x=\"" << left0 + m * 140 << "\" y=\"" << H - 30 << "\" width=\"12\" height=\"12\" fill=\""
+                    << color << "\"/><text x=\"" << left0 + m * 140 + 18 << "\" y=\"" << H - 20 << "\">" << modes[m]
+                    << "</text>\n";
+            }
+        }
+    }
+    out << "</svg>\n";
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    try {
+        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg" });
+        if (!args.flags.empty()) {
+            throw std::runtime_error("unknown option " + args.flags[0]);
+        }
+        const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2");
+        for (const auto & m : modes) {
+            if (m != "ar" && m != "upstream" && m != "dflash2") {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2)");
+            }
+        }
+        const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
+        const std::string path_json = args.values.count("--json") ? args.values["--json"] : "bench.json";
+        const std::string path_svg  = args.values.count("--svg") ? args.values["--svg"] : "bench.svg";
+        if (args.prompts.empty()) {
+            args.prompts = host_builtin_prompts();
+        }
+
+        llama_log_set(host_log_errors_only, nullptr);
+        llama_spec_dflash2_log_set(host_log_errors_only, nullptr);
+        llama_backend_init();
+
+        host_target tgt(args.params);
+        std::vector<std::vector<llama_token>> prompts;
+        for (const auto & p : args.prompts) {
+            prompts.push_back(tgt.tokenize_chat(p));
+        }
+        printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions\n",
+                args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
+                args.params.n_max, args.params.n_threads, reps);
+
+        std::vector<mode_result> results;
+        for (int32_t np : args.np_list) {
+            std::vector<mode_result> at_np;
+            for (const auto & m : modes) {
+                at_np.push_back({ m, np, {}, {}, 0 });
+            }
+            // the target-only output every run is compared with
+            tgt.reset_context(np);
+            const std::vector<std::vector<llama_token>> reference = host_generate(tgt, nullptr, prompts).tokens;
+            for (auto & r : at_np) {
+                r.identical.assign(prompts.size(), true);
+            }
+            for (int rep = 0; rep < reps; ++rep) {
+                // rotate the order so that no mode always runs first
+                for (size_t k = 0; k < modes.size(); ++k) {
+                    mode_result & r = at_np[(k + rep) % modes.size()];
+                    tgt.reset_context(np);
+                    auto drafter = make_drafter(r.mode, tgt);
+                    host_generation gen = host_generate(tgt, drafter.get(), prompts);
+                    r.runs.push_back(gen.stats);
+                    for (size_t i = 0; i < prompts.size(); ++i) {
+                        r.identical[i] = r.identical[i] && gen.tokens[i] == reference[i];
+                    }
+                    fprintf(stderr, "np=%d rep %d %-8s %.1f tok/s\n", np, rep, r.mode.c_str(), gen.stats.tokens_per_s());
+                }
+            }
+            for (auto & r : at_np) {
+                std::vector<size_t> order(r.runs.size());
+                for (size_t i = 0; i < order.size(); ++i) {
+                    order[i] = i;
+                }
+                std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return r.tps(a) < r.tps(b); });
+                r.i_median = order[order.size() / 2];
+                results.push_back(r);
+            }
+        }
+
+        print_table(results, args.np_list, args.params.n_max);
+        write_json(path_json, args, args.prompts, results, reps);
+        write_svg(path_svg, results, args.np_list, modes);
+        printf("\nwrote %s and %s\n", path_json.c_str(), path_svg.c_str());
+        return 0;
+    } catch (const std::exception & e) {
+        fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2 (default all)\n"
+                "  --reps N          repetitions per mode and np (default 3)\n"
+                "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
+                e.what(), host_args_usage());
+        return 2;
+    }
+}
