@@ -12,8 +12,17 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 out="$root/target/server"
 
+ensure_patchelf() {
+    command -v patchelf >/dev/null && return
+    echo "[server] installing patchelf" >&2
+    local sudo_cmd=""
+    [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+    $sudo_cmd apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq patchelf >&2
+}
+
 build() {
     local llama_prefix src build prefix
+    ensure_patchelf
     llama_prefix=$(scripts/llama-cpp.sh build)
     export DFLASH2_LLAMA_PREFIX="$llama_prefix"
     src=$(scripts/llama-cpp.sh src)
@@ -34,15 +43,18 @@ build() {
         -DDFLASH2_LIBRARY="$prefix/lib/libdflash2.so" >&2
     cmake --build "$build" --target llama-server -j "${DFLASH2_JOBS:-$(nproc)}" >&2
 
+    rm -rf "$out/bin" "$out/lib"
     mkdir -p "$out/bin" "$out/lib"
     cp -f "$build/bin/llama-server" "$out/bin/llama-server"
-    cp -af "$build/bin/"libmtmd.so* "$out/lib/"
+    cp -af "$build/bin/"libmtmd.so* "$build/bin/"libllama-server-impl.so* "$out/lib/"
     flock -u 9
-    # load libllama, libllama-common and ggml from the pinned prefix (the files
-    # libdflash2 links), libmtmd from here, libdflash2 from this clone's install
-    cmake -DSERVER="$out/bin/llama-server" -DMTMD="$(readlink -f "$out/lib/libmtmd.so")" \
-        -DRPATH="$out/lib:$llama_prefix/lib:$prefix/lib" -DMTMD_RPATH="$llama_prefix/lib" \
-        -P server/set-rpath.cmake
+    # libllama, libllama-common and ggml come from the pinned prefix (the files
+    # libdflash2 links), the server's own libraries from here, libdflash2 from this
+    # clone's install
+    local rpath="$out/lib:$llama_prefix/lib:$prefix/lib" f
+    for f in "$out/bin/llama-server" "$out/lib/"*.so*; do
+        [ -L "$f" ] || patchelf --set-rpath "$rpath" "$f"
+    done
     echo "$out/bin/llama-server"
 }
 

@@ -56,6 +56,11 @@ cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFL
 cmake --build "$build/build" -j 2 >/dev/null
 ctest --test-dir "$build/build" --output-on-failure
 
+step "llama-server with dflash2: patched build, end-to-end tests on loopback"
+server=$(scripts/server.sh build)
+python3 tests/server/test_server.py --server "$server" --target "$DFLASH2_SMOLLM2" \
+    --draft "$build/smollm2-dflash2-generated.gguf" --fixtures "$build/fixtures" --workdir "$root/target/server-tests"
+
 step "exports of libdflash2.so"
 nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'
 

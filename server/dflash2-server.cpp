@@ -140,6 +140,42 @@ int32_t dflash2_server_output_n_max(const common_params & params) {
     return std::min(n_max, block - 1);
 }
 
+common_init_result_ptr dflash2_server_init_target(common_params & params) {
+    if (!dflash2_server_routes(params) || !params.fit_params) {
+        return common_init_from_params(params);
+    }
+    const std::string path_draft = params.speculative.draft.mparams.path;
+    llama_spec_dflash2_checkpoint_info info;
+    if (llama_spec_dflash2_checkpoint_check(path_draft.c_str(), nullptr, &info) == LLAMA_SPEC_DFLASH2_OK) {
+        // weights, plus a draft KV as long as the target's context, plus working buffers
+        FILE * f = std::fopen(path_draft.c_str(), "rb");
+        size_t bytes = 0;
+        if (f) {
+            std::fseek(f, 0, SEEK_END);
+            bytes = (size_t) std::ftell(f);
+            std::fclose(f);
+        }
+        const size_t n_ctx = params.n_ctx > 0 ? (size_t) params.n_ctx : (size_t) info.n_ctx_train;
+        bytes += n_ctx * info.n_layer * 2 * info.n_head_kv * info.head_dim * sizeof(uint16_t);
+        bytes += 256u * 1024 * 1024;
+        for (auto & margin : params.fit_params_target) {
+            margin += bytes;
+        }
+        LOG_INF("%s: reserving %.1f MiB per device for the dflash2 drafter\n", __func__, bytes / (1024.0 * 1024.0));
+    }
+    // hide the drafter from upstream's fit pass only
+    params.speculative.draft.mparams.path.clear();
+    common_init_result_ptr res;
+    try {
+        res = common_init_from_params(params);
+    } catch (...) {
+        params.speculative.draft.mparams.path = path_draft;
+        throw;
+    }
+    params.speculative.draft.mparams.path = path_draft;
+    return res;
+}
+
 dflash2_server_spec::~dflash2_server_spec() {
     if (engine) {
         {
@@ -160,6 +196,8 @@ dflash2_server_spec * dflash2_server_spec_init(common_params & params, llama_con
         auto * spec = new dflash2_server_spec();
         spec->upstream = upstream;
         spec->ctx_tgt  = ctx_tgt;
+        spec->dparams.resize(params.n_parallel);
+        spec->counters.resize(params.n_parallel);
         return spec;
     }
 
@@ -207,6 +245,7 @@ dflash2_server_spec * dflash2_server_spec_init(common_params & params, llama_con
     spec->engine  = engine;
     spec->ctx_tgt = ctx_tgt;
     spec->dparams.resize(params.n_parallel);
+    spec->counters.resize(params.n_parallel);
     {
         std::lock_guard<std::mutex> lock(g_engines_mutex);
         g_engines[ctx_tgt] = engine;
@@ -232,6 +271,9 @@ common_speculative_draft_params & common_speculative_get_draft_params(dflash2_se
 }
 
 void common_speculative_begin(dflash2_server_spec * spec, llama_seq_id seq_id, const llama_tokens & prompt) {
+    if (!spec) {
+        return;
+    }
     if (spec->upstream) {
         common_speculative_begin(spec->upstream, seq_id, prompt);
     }
@@ -239,6 +281,9 @@ void common_speculative_begin(dflash2_server_spec * spec, llama_seq_id seq_id, c
 }
 
 bool common_speculative_process(dflash2_server_spec * spec, const common_batch & batch) {
+    if (!spec) {
+        return true;
+    }
     if (spec->upstream) {
         return common_speculative_process(spec->upstream, batch);
     }
@@ -260,9 +305,27 @@ bool common_speculative_process(dflash2_server_spec * spec, const common_batch &
     return true;
 }
 
+// drafted tokens of every sequence that drafted this step
+static void count_drafts(dflash2_server_spec * spec, const std::vector<llama_tokens *> & results) {
+    for (size_t seq = 0; seq < results.size() && seq < spec->counters.size(); ++seq) {
+        if (results[seq]) {
+            spec->counters[seq].n_drafted += (int64_t) results[seq]->size();
+        }
+    }
+}
+
 void common_speculative_draft(dflash2_server_spec * spec) {
+    if (!spec) {
+        return;
+    }
     if (spec->upstream) {
+        std::vector<llama_tokens *> results(spec->counters.size(), nullptr);
+        for (size_t seq = 0; seq < results.size(); ++seq) {
+            const auto & dp = common_speculative_get_draft_params(spec->upstream, (llama_seq_id) seq);
+            results[seq] = dp.drafting ? dp.result : nullptr;
+        }
         common_speculative_draft(spec->upstream);
+        count_drafts(spec, results);
         return;
     }
     auto & requests = spec->requests;
@@ -294,12 +357,31 @@ void common_speculative_draft(dflash2_server_spec * spec) {
             }
         }
     }
+    std::vector<llama_tokens *> results(spec->counters.size(), nullptr);
+    for (const auto & r : requests) {
+        results[r.seq_id] = spec->dparams[r.seq_id].result;
+    }
+    count_drafts(spec, results);
     for (auto & dp : spec->dparams) {
         dp.drafting = false;
     }
 }
 
 void common_speculative_accept(dflash2_server_spec * spec, llama_seq_id seq_id, uint16_t n_accepted) {
+    if (!spec) {
+        return;
+    }
+    if (seq_id >= 0 && (size_t) seq_id < spec->counters.size()) {
+        auto & c = spec->counters[seq_id];
+        c.n_accepted     += n_accepted;
+        c.n_verify_steps += 1;
+        if (c.accepted_at.size() < n_accepted) {
+            c.accepted_at.resize(n_accepted, 0);
+        }
+        for (uint16_t i = 0; i < n_accepted; ++i) {
+            c.accepted_at[i] += 1;
+        }
+    }
     if (spec->upstream) {
         common_speculative_accept(spec->upstream, seq_id, n_accepted);
         return;
@@ -312,6 +394,9 @@ void common_speculative_accept(dflash2_server_spec * spec, llama_seq_id seq_id, 
 }
 
 bool common_speculative_get_state(dflash2_server_spec * spec, llama_seq_id seq_id, std::vector<uint8_t> & data) {
+    if (!spec) {
+        return false;
+    }
     if (spec->upstream) {
         return common_speculative_get_state(spec->upstream, seq_id, data);
     }
@@ -321,6 +406,9 @@ bool common_speculative_get_state(dflash2_server_spec * spec, llama_seq_id seq_i
 }
 
 void common_speculative_set_state(dflash2_server_spec * spec, llama_seq_id seq_id, const std::vector<uint8_t> & data) {
+    if (!spec) {
+        return;
+    }
     if (spec->upstream) {
         common_speculative_set_state(spec->upstream, seq_id, data);
         return;
@@ -329,6 +417,9 @@ void common_speculative_set_state(dflash2_server_spec * spec, llama_seq_id seq_i
 }
 
 void common_speculative_print_stats(const dflash2_server_spec * spec) {
+    if (!spec) {
+        return;
+    }
     if (spec->upstream) {
         common_speculative_print_stats(spec->upstream);
         return;
@@ -352,6 +443,9 @@ void common_speculative_print_stats(const dflash2_server_spec * spec) {
 }
 
 int32_t common_speculative_n_max(const dflash2_server_spec * spec) {
+    if (!spec) {
+        return 0;
+    }
     if (spec->upstream) {
         return common_speculative_n_max(spec->upstream);
     }
@@ -360,7 +454,7 @@ int32_t common_speculative_n_max(const dflash2_server_spec * spec) {
 
 const std::vector<double> & common_speculative_get_synth_probs(const dflash2_server_spec * spec) {
     static const std::vector<double> none;
-    return spec->upstream ? common_speculative_get_synth_probs(spec->upstream) : none;
+    return spec && spec->upstream ? common_speculative_get_synth_probs(spec->upstream) : none;
 }
 
 void dflash2_server_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) const {
@@ -431,14 +525,51 @@ bool dflash2_server_state_load(llama_context * ctx_tgt, llama_seq_id seq_id, con
     return true;
 }
 
-std::string dflash2_server_slot_json(int32_t n_drafted, int32_t n_accepted, int32_t n_verify_steps,
-        const std::vector<uint64_t> & accepted_per_pos) {
-    std::string per_pos;
-    for (size_t i = 0; i < accepted_per_pos.size(); ++i) {
-        per_pos += string_format("%s%llu", i ? ", " : "", (unsigned long long) accepted_per_pos[i]);
+void dflash2_server_slot_file_save(const dflash2_server_spec * spec, llama_seq_id seq_id, const std::string & path) {
+    if (!spec || !spec->engine) {
+        return;
     }
-    return string_format("{\"n_drafted\": %d, \"n_accepted\": %d, \"n_verify_steps\": %d, \"accepted_per_pos\": [%s]}",
-            n_drafted, n_accepted, n_verify_steps, per_pos.c_str());
+    std::vector<uint8_t> blob;
+    dflash2_server_state_save(spec, nullptr, seq_id, blob);
+    const std::string path_draft = path + ".dflash2";
+    FILE * f = std::fopen(path_draft.c_str(), "wb");
+    if (!f || std::fwrite(blob.data(), 1, blob.size(), f) != blob.size()) {
+        LOG_WRN("dflash2: cannot write the draft state to %s\n", path_draft.c_str());
+    }
+    if (f) {
+        std::fclose(f);
+    }
+}
+
+void dflash2_server_slot_file_load(llama_context * ctx_tgt, llama_seq_id seq_id, const std::string & path) {
+    if (!engine_for(ctx_tgt)) {
+        return;
+    }
+    std::vector<uint8_t> blob;
+    const std::string path_draft = path + ".dflash2";
+    if (FILE * f = std::fopen(path_draft.c_str(), "rb")) {
+        uint8_t buf[1 << 16];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+            blob.insert(blob.end(), buf, buf + n);
+        }
+        std::fclose(f);
+    }
+    dflash2_server_state_load(ctx_tgt, seq_id, blob);
+}
+
+std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id) {
+    if (!spec || seq_id < 0 || (size_t) seq_id >= spec->counters.size()) {
+        return "{}";
+    }
+    const auto & c = spec->counters[seq_id];
+    std::string per_pos;
+    for (size_t i = 0; i < c.accepted_at.size(); ++i) {
+        per_pos += string_format("%s%lld", i ? ", " : "", (long long) c.accepted_at[i]);
+    }
+    return string_format("{\"engine\": \"%s\", \"n_drafted\": %lld, \"n_accepted\": %lld, \"n_verify_steps\": %lld, "
+            "\"accepted_at\": [%s]}", spec->engine ? "dflash2" : "upstream", (long long) c.n_drafted,
+            (long long) c.n_accepted, (long long) c.n_verify_steps, per_pos.c_str());
 }
 
 std::string dflash2_server_metrics() {

@@ -32,10 +32,20 @@ bool dflash2_server_routes(const common_params & params);
 // the draft length the target's outputs are sized for (1 + n_max per sequence)
 int32_t dflash2_server_output_n_max(const common_params & params);
 
+// draft counters of one slot over its lifetime, for /slots
+struct dflash2_server_slot_counters {
+    int64_t n_drafted      = 0;
+    int64_t n_accepted     = 0;
+    int64_t n_verify_steps = 0;
+    std::vector<int64_t> accepted_at; // by draft position
+};
+
 struct dflash2_server_spec {
     common_speculative * upstream = nullptr; // llama.cpp's own path
     llama_spec_dflash2 * engine   = nullptr; // or dflash2's
     llama_context      * ctx_tgt  = nullptr;
+
+    std::vector<dflash2_server_slot_counters> counters; // per sequence, both paths
 
     std::vector<common_speculative_draft_params> dparams; // per sequence, filled by the server
 
@@ -51,6 +61,12 @@ struct dflash2_server_spec {
 };
 
 using dflash2_server_spec_ptr = std::unique_ptr<dflash2_server_spec>;
+
+// replaces common_init_from_params(params) for the target: when dflash2 serves, the
+// drafter's memory is budgeted into the fit margins (as the server does for a
+// multimodal projector) and upstream's fit pass does not try to build a draft
+// context it cannot measure (a drafter sharing the target's head needs ctx_other)
+common_init_result_ptr dflash2_server_init_target(common_params & params);
 
 // replaces common_speculative_init(params.speculative, n_parallel); returns NULL when
 // there is nothing to speculate with, throws std::runtime_error when dflash2 should
@@ -92,9 +108,13 @@ void   dflash2_server_state_save(const dflash2_server_spec * spec, llama_context
 // restores the draft part for the engine of ctx_tgt; false when no engine serves ctx_tgt
 bool   dflash2_server_state_load(llama_context * ctx_tgt, llama_seq_id seq_id, const std::vector<uint8_t> & data);
 
+// /slots save and restore: the sequence's draft state travels in PATH.dflash2 beside
+// the target's file; a restore without it starts the draft of that sequence over
+void dflash2_server_slot_file_save(const dflash2_server_spec * spec, llama_seq_id seq_id, const std::string & path);
+void dflash2_server_slot_file_load(llama_context * ctx_tgt, llama_seq_id seq_id, const std::string & path);
+
 // draft statistics of a slot for /slots (JSON text)
-std::string dflash2_server_slot_json(int32_t n_drafted, int32_t n_accepted, int32_t n_verify_steps,
-                                     const std::vector<uint64_t> & accepted_per_pos);
+std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id);
 
 // dflash2's counters for /metrics (prometheus text, empty when no engine serves)
 std::string dflash2_server_metrics();

@@ -69,8 +69,25 @@ EDITS = [
     ("server-context.cpp",
      '            {"is_processing", is_processing()},\n        };\n',
      '            {"is_processing", is_processing()},\n        };\n'
-     "        if (can_speculate()) { res[\"draft\"] = json::parse(dflash2_server_slot_json(stats.n_draft_tokens, "
-     "stats.n_draft_accepted, stats.n_draft_verif_steps, n_accepted_per_pos)); } " + MARK + "\n"),
+     "        if (can_speculate()) { res[\"draft\"] = json::parse(dflash2_server_slot_json(spec, id)); } " + MARK + "\n"),
+    # the drafter's memory is budgeted before the target is fitted and loaded
+    ("server-context.cpp",
+     "        llama_init = common_init_from_params(params_base);\n",
+     "        llama_init = dflash2_server_init_target(params_base); " + MARK + "\n"),
+
+    # /slots save and restore carry the draft state in FILE.dflash2
+    ("server-context.cpp",
+     '                        send_error(task, "Unable to save slot", ERROR_TYPE_SERVER);\n'
+     "                        break;\n"
+     "                    }\n",
+     '                        send_error(task, "Unable to save slot", ERROR_TYPE_SERVER);\n'
+     "                        break;\n"
+     "                    }\n"
+     "                    dflash2_server_slot_file_save(spec.get(), slot->id, filepath); " + MARK + "\n"),
+    ("server-context.cpp",
+     "                        slot->prompt.tokens = std::move(restored);\n",
+     "                        slot->prompt.tokens = std::move(restored);\n"
+     "                        dflash2_server_slot_file_load(ctx_tgt, slot->id, filepath); " + MARK + "\n"),
 
     ("server-task.cpp",
      '#include "speculative.h"\n',

@@ -1,0 +1,352 @@
+#!/usr/bin/env python3
+"""End-to-end tests of llama-server with dflash2 (loopback only).
+
+Every test starts its servers and stops them. A server with a DFlash2 drafter
+must answer exactly what the same server without a drafter answers (greedy),
+through parallel slots, cache reuse, context shift, /slots save and restore and a
+cancelled request, with drafting visible in /metrics and /slots, no crash and no
+error in its log; a drafter it cannot serve stops it with a clear message.
+
+    test_server.py --server BIN --target GGUF --draft GGUF --fixtures DIR [--only NAME]
+"""
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+PROMPTS = [
+    "Write a Python function that reverses a string.",
+    "What is 17 times 23? Answer briefly.",
+    "List three colors of the rainbow.",
+    "Explain in one sentence why the sky is blue.",
+]
+N_PREDICT = 40
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, name, args):
+        self.name = name
+        self.port = free_port()
+        self.log_path = os.path.join(ARGS.workdir, f"{name}-{self.port}.log")
+        self.log = open(self.log_path, "wb")
+        cmd = [ARGS.server, "--host", "127.0.0.1", "--port", str(self.port), "-m", ARGS.target,
+               "--no-repack", "-t", "2", "--no-webui", "--metrics"] + expand(args)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout=180):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, socket.timeout):
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"{self.name} not ready in {timeout}s:\n{self.log_tail()}")
+
+    def request(self, method, path, body=None, timeout=600):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read().decode()
+        return json.loads(text) if text.startswith(("{", "[")) else text
+
+    def chat(self, content, n_predict=N_PREDICT, **extra):
+        body = {"messages": [{"role": "user", "content": content}], "temperature": 0, "seed": 1,
+                "max_tokens": n_predict, **extra}
+        res = self.request("POST", "/v1/chat/completions", body)
+        return res["choices"][0]["message"]["content"]
+
+    def complete(self, prompt, n_predict=N_PREDICT, **extra):
+        body = {"prompt": prompt, "temperature": 0, "seed": 1, "n_predict": n_predict, **extra}
+        return self.request("POST", "/completion", body)["content"]
+
+    def metrics(self):
+        text = self.request("GET", "/metrics")
+        out = {}
+        for line in text.splitlines():
+            m = re.match(r"llamacpp:(\S+) (\S+)$", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"{self.name} did not stop on SIGINT")
+        self.log.close()
+        code = self.proc.returncode
+        if code < 0:
+            raise AssertionError(f"{self.name} died of signal {-code}:\n{self.log_tail()}")
+        return code
+
+    def log_text(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def log_tail(self, n=25):
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    # llama.cpp's own draft-dflash path logs these while fitting memory (it cannot
+    # measure a drafter that shares the target's head); dflash2's path does not
+    UPSTREAM_FIT_NOISE = r"dflash requires ctx_other to be set|failed to measure the memory of the extra model"
+
+    def assert_clean_log(self):
+        allowed = self.UPSTREAM_FIT_NOISE if self.name == "upstream" else r"$^"
+        bad = [l for l in self.log_text().splitlines()
+               if not re.search(allowed, l) and re.search(r"\berror\b|\bfailed\b|assert|abort|dflash2 (process|draft|accept|seq_rm|seq_cp|seq_shift):", l, re.I)]
+        assert not bad, f"{self.name} log has errors:\n" + "\n".join(bad[:10])
+
+
+def with_servers(*specs):
+    """Starts servers (name, args), runs the body with them, stops them all."""
+    def wrap(body):
+        def run():
+            servers = [Server(name, args) for name, args in specs]
+            try:
+                for s in servers:
+                    s.wait_ready()
+                body(*servers)
+            finally:
+                codes = [s.stop() for s in servers]
+            for s, code in zip(servers, codes):
+                assert code == 0, f"{s.name} exited with {code}:\n{s.log_tail()}"
+                s.assert_clean_log()
+        run.__name__ = body.__name__
+        return run
+    return wrap
+
+
+# stands for the drafter arguments in a server's argument list (known only once ARGS is parsed)
+DRAFT = "<drafter>"
+
+
+def expand(args):
+    out = []
+    for a in args:
+        out += ["-md", ARGS.draft, "--spec-type", "draft-dflash"] if a == DRAFT else [a]
+    return out
+
+
+def assert_drafting(spec):
+    m = spec.metrics()
+    assert m.get("spec_decode_num_draft_tokens_total", 0) > 0, f"no drafts in /metrics: {m}"
+    assert "spec_decode_num_accepted_tokens_total" in m
+    assert m.get("dflash2_drafted_tokens_total", 0) > 0, "dflash2 counters missing from /metrics"
+    assert "dflash2_accepted_tokens_total" in m
+    assert 'dflash2_accepted_at{pos="1"}' in spec.request("GET", "/metrics")
+    return m
+
+
+def test_refuses_drafters_it_cannot_serve():
+    cases = [
+        ("missing-file", ["-md", "/nonexistent/drafter.gguf"], r"nonexistent"),
+        ("not-dflash2", ["-md", os.path.join(ARGS.fixtures, "target.gguf"), "--spec-type", "draft-dflash"],
+         r"not a DFlash2 drafter"),
+        ("other-target", ["-md", os.path.join(ARGS.fixtures, "drafter.gguf")], r"n_embd 64 differs"),
+        ("truncated", ["-md", os.path.join(ARGS.fixtures, "broken", "truncated.gguf"), "--spec-type", "draft-dflash"],
+         r"truncated"),
+    ]
+    for name, args, needle in cases:
+        s = Server(f"refuse-{name}", args)
+        try:
+            code = s.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            raise AssertionError(f"{name}: the server started with a drafter it cannot serve")
+        s.log.close()
+        log = s.log_text()
+        assert code > 0, f"{name}: exit code {code} (a signal is a crash):\n{s.log_tail()}"
+        assert re.search(needle, log), f"{name}: no clear message matching '{needle}':\n{s.log_tail()}"
+
+
+@with_servers(("reference", ["-np", "1", "-c", "2048"]), ("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT]))
+def test_answers_equal_the_no_drafter_server(ref, spec):
+    for p in PROMPTS:
+        want = ref.chat(p)
+        got = spec.chat(p)
+        assert got == want, f"prompt {p!r}:\n  dflash2:   {got!r}\n  reference: {want!r}"
+    assert_drafting(spec)
+    slots = spec.request("GET", "/slots")
+    assert slots[0]["speculative"] and slots[0]["draft"]["n_drafted"] > 0, slots[0]
+    assert "dflash2 " in spec.log_text() and "serves the DFlash2 drafter" in spec.log_text()
+
+
+@with_servers(("reference", ["-np", "1", "-c", "2048"]), ("dflash2", ["-np", "4", "-c", "8192"] + [DRAFT]))
+def test_four_parallel_slots_answer_like_single_requests(ref, spec):
+    want = [ref.chat(p) for p in PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(spec.chat, PROMPTS))
+    for p, g, w in zip(PROMPTS, got, want):
+        assert g == w, f"prompt {p!r}:\n  dflash2 -np 4: {g!r}\n  reference:     {w!r}"
+    m = assert_drafting(spec)
+    assert m["spec_decode_num_drafts_total"] >= 4
+
+
+LONG = ("The following is a list of facts about the solar system. The Sun is a star. Mercury is the closest "
+        "planet to the Sun. Venus is the hottest planet. Earth has one moon. Mars is red. ")
+
+
+@with_servers(("reference", ["-np", "1", "-c", "2048", "--cache-reuse", "4"]),
+              ("dflash2", ["-np", "1", "-c", "2048", "--cache-reuse", "4", "-lv", "4"] + [DRAFT]))
+def test_cache_reuse_keeps_answers_identical(ref, spec):
+    # the same prefix twice, then a prompt whose tail is shifted into place by cache reuse
+    first = LONG + "Jupiter is the largest planet. Question: which planet is red? Answer:"
+    second = LONG + "Question: which planet is red? Answer:"
+    for prompt in (first, first, second):
+        want = ref.complete(prompt, cache_prompt=True)
+        got = spec.complete(prompt, cache_prompt=True)
+        assert got == want, f"prompt {prompt[-40:]!r}:\n  dflash2:   {got!r}\n  reference: {want!r}"
+    assert spec.metrics().get("prompt_tokens_cached_total", 0) > 0
+    assert "reusing chunk" in spec.log_text(), "cache reuse shifted no chunk"
+
+
+@with_servers(("reference", ["-np", "1", "-c", "256", "--context-shift"]),
+              ("dflash2", ["-np", "1", "-c", "256", "--context-shift"] + [DRAFT]))
+def test_generation_past_the_context_shifts_identically(ref, spec):
+    prompt = "Count from one to one hundred in words, separated by commas:"
+    want = ref.complete(prompt, n_predict=400, ignore_eos=True)
+    got = spec.complete(prompt, n_predict=400, ignore_eos=True)
+    assert "context shift" in spec.log_text().lower() or "n_discard" in spec.log_text(), "no context shift happened"
+    assert got == want, f"after a context shift:\n  dflash2:   {got[-120:]!r}\n  reference: {want[-120:]!r}"
+
+
+def slots_run(server, save_dir):
+    """A prompt on slot 0, save, another prompt, restore, continue the first."""
+    a = LONG + "Question: how many moons does Earth have? Answer:"
+    out = [server.complete(a, id_slot=0, cache_prompt=True)]
+    server.request("POST", "/slots/0?action=save", {"filename": "slot0.bin"})
+    out.append(server.complete("Name a fruit that is yellow:", id_slot=0, cache_prompt=True))
+    server.request("POST", "/slots/0?action=restore", {"filename": "slot0.bin"})
+    out.append(server.complete(a + out[0] + " Question: which planet is the hottest? Answer:", id_slot=0,
+                               cache_prompt=True))
+    return out
+
+
+def test_slot_save_and_restore_keep_answers_identical():
+    ref_dir = tempfile.mkdtemp(dir=ARGS.workdir)
+    spec_dir = tempfile.mkdtemp(dir=ARGS.workdir)
+
+    @with_servers(("reference", ["-np", "1", "-c", "2048", "--slot-save-path", ref_dir]),
+                  ("dflash2", ["-np", "1", "-c", "2048", "--slot-save-path", spec_dir] + [DRAFT]))
+    def run(ref, spec):
+        want = slots_run(ref, ref_dir)
+        got = slots_run(spec, spec_dir)
+        assert got == want, f"\n  dflash2:   {got!r}\n  reference: {want!r}"
+        assert os.path.getsize(os.path.join(spec_dir, "slot0.bin.dflash2")) > 0, "no draft state saved"
+        assert "not restored" not in spec.log_text()
+
+    run()
+
+
+@with_servers(("reference", ["-np", "1", "-c", "2048"]), ("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT]))
+def test_a_cancelled_request_leaves_the_server_answering_identically(ref, spec):
+    conn = http.client.HTTPConnection("127.0.0.1", spec.port, timeout=60)
+    body = json.dumps({"prompt": LONG + "Tell a long story:", "n_predict": 300, "stream": True, "temperature": 0})
+    conn.request("POST", "/completion", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    chunks = 0
+    while chunks < 5:
+        line = resp.fp.readline()
+        if line.startswith(b"data:"):
+            chunks += 1
+    conn.close()  # cancel in the middle of generating (and drafting)
+    time.sleep(1.0)
+    for p in PROMPTS[:2]:
+        assert spec.chat(p) == ref.chat(p), p
+    assert spec.request("GET", "/health")["status"] == "ok"
+
+
+@with_servers(("reference", ["-np", "1", "-c", "2048"]),
+              ("upstream", ["-np", "1", "-c", "2048", "--spec-dflash2-upstream"] + [DRAFT]),
+              ("small-block", ["-np", "1", "-c", "2048", "--spec-dflash2-block-size", "3", "--spec-draft-n-max", "7"]
+               + [DRAFT]))
+def test_our_flags_fall_back_to_upstream_and_shrink_the_block(ref, upstream, small):
+    for p in PROMPTS[:2]:
+        want = ref.chat(p)
+        assert upstream.chat(p) == want, p
+        assert small.chat(p) == want, p
+    assert "serves the DFlash2 drafter" not in upstream.log_text()
+    assert "draft-dflash" in upstream.log_text()
+    assert "(n_max 2, block 3)" in small.log_text()
+    assert "clamping n_max to 2" in small.log_text()
+    assert upstream.request("GET", "/slots")[0]["draft"]["engine"] == "upstream"
+    assert small.request("GET", "/slots")[0]["draft"]["engine"] == "dflash2"
+
+
+def test_bad_values_of_our_flags_stop_the_server():
+    s = Server("bad-flag", ["--spec-dflash2-block-size", "1"] + [DRAFT])
+    code = s.proc.wait(timeout=60)
+    s.log.close()
+    assert code == 1, code
+    assert "--spec-dflash2-block-size needs" in s.log_text()
+
+
+TESTS = [
+    test_refuses_drafters_it_cannot_serve,
+    test_answers_equal_the_no_drafter_server,
+    test_four_parallel_slots_answer_like_single_requests,
+    test_cache_reuse_keeps_answers_identical,
+    test_generation_past_the_context_shifts_identically,
+    test_slot_save_and_restore_keep_answers_identical,
+    test_a_cancelled_request_leaves_the_server_answering_identically,
+    test_our_flags_fall_back_to_upstream_and_shrink_the_block,
+    test_bad_values_of_our_flags_stop_the_server,
+]
+
+
+def main():
+    global ARGS
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--draft", required=True)
+    ap.add_argument("--fixtures", required=True)
+    ap.add_argument("--only")
+    ap.add_argument("--workdir", default=None)
+    ARGS = ap.parse_args()
+    ARGS.workdir = ARGS.workdir or tempfile.mkdtemp(prefix="dflash2-server-")
+    os.makedirs(ARGS.workdir, exist_ok=True)
+    failed = 0
+    selected = [t for t in TESTS if not ARGS.only or ARGS.only in t.__name__]
+    for t in selected:
+        start = time.time()
+        try:
+            t()
+            print(f"PASS {t.__name__} ({time.time() - start:.1f}s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__} ({time.time() - start:.1f}s)\n{traceback.format_exc()}", flush=True)
+    print(f"{len(selected) - failed} passed, {failed} failed (logs in {ARGS.workdir})")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
