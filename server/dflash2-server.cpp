@@ -1,4 +1,5 @@
 #include "dflash2-server.h"
+#include "dflash2-batch-rows.h"
 
 #include "log.h"
 
@@ -288,15 +289,7 @@ bool common_speculative_process(dflash2_server_spec * spec, const common_batch &
         return common_speculative_process(spec->upstream, batch);
     }
     auto & rows = spec->rows;
-    rows.clear();
-    for (int32_t i = 0; i < batch.size(); ++i) {
-        const auto & t    = batch.tokens[i];
-        const bool   embd = t.id == LLAMA_TOKEN_NULL;
-        rows.push_back({ i, t.seq_id, t.pos[0], embd });
-        for (llama_seq_id extra : t.seq_ids_extra) {
-            rows.push_back({ i, extra, t.pos[0], embd });
-        }
-    }
+    dflash2_rows_from_batch(batch, rows);
     const int32_t rc = llama_spec_dflash2_process(spec->engine, rows.data(), (int32_t) rows.size());
     if (rc != LLAMA_SPEC_DFLASH2_OK) {
         LOG_ERR("dflash2 process: %s: %s\n", llama_spec_dflash2_status_name(rc), llama_spec_dflash2_last_error());

@@ -262,7 +262,10 @@ void write_svg(const std::string & path, const std::vector<mode_result> & result
                         << py(r->tps_max()) << "\" stroke=\"" << color << "\"/>\n";
                 }
             }
-            out << "<polyline points=\"" << points << "\" fill=\"none\" stroke=\"" << color << "\" stroke-width=\"2\"/>\n";
+            // upstream dashed and wider: it often lies exactly under dflash2's line
+            const bool dashed = modes[m] == "upstream";
+            out << "<polyline points=\"" << points << "\" fill=\"none\" stroke=\"" << color << "\" stroke-width=\""
+                << (dashed ? 5 : 2) << "\"" << (dashed ? " stroke-dasharray=\"8 5\"" : "") << "/>\n";
             if (panel == 0) {
                 out << "<rect x=\"" << left0 + m * 140 << "\" y=\"" << H - 30 << "\" width=\"12\" height=\"12\" fill=\""
                     << color << "\"/><text x=\"" << left0 + m * 140 + 18 << "\" y=\"" << H - 20 << "\">" << modes[m]
@@ -294,15 +297,9 @@ int main(int argc, char ** argv) {
             args.prompts = host_builtin_prompts();
         }
 
-        llama_log_set(host_log_errors_only, nullptr);
-        llama_spec_dflash2_log_set(host_log_errors_only, nullptr);
-        llama_backend_init();
-
+        host_init_backend();
         host_target tgt(args.params);
-        std::vector<std::vector<llama_token>> prompts;
-        for (const auto & p : args.prompts) {
-            prompts.push_back(tgt.tokenize_chat(p));
-        }
+        const auto prompts = host_tokenize_chats(tgt, args.prompts);
         printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
                 args.params.n_max, args.params.n_threads, reps);

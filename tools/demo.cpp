@@ -30,14 +30,9 @@ int main(int argc, char ** argv) {
         if (args.prompts.empty()) {
             args.prompts = { host_builtin_prompts()[0] };
         }
-        llama_log_set(host_log_errors_only, nullptr);
-        llama_backend_init();
-
+        host_init_backend();
         host_target tgt(args.params);
-        std::vector<std::vector<llama_token>> prompts;
-        for (const auto & p : args.prompts) {
-            prompts.push_back(tgt.tokenize_chat(p));
-        }
+        const auto prompts = host_tokenize_chats(tgt, args.prompts);
 
         printf("target  %s\ndrafter %s\nn_max %d, %zu prompt(s), %d token(s) each, %d thread(s)\n\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), args.params.n_max, prompts.size(),

@@ -5,7 +5,6 @@
 // - acceptance of both is reported.
 // Exits non-zero on any difference.
 #include "args.h"
-#include "dflash2.h"
 #include "host.h"
 
 #include <cstdio>
@@ -44,15 +43,9 @@ int main(int argc, char ** argv) {
         if (args.prompts.empty()) {
             args.prompts = host_builtin_prompts();
         }
-        llama_log_set(host_log_errors_only, nullptr);
-        llama_spec_dflash2_log_set(host_log_errors_only, nullptr);
-        llama_backend_init();
-
+        host_init_backend();
         host_target tgt(args.params);
-        std::vector<std::vector<llama_token>> prompts;
-        for (const auto & p : args.prompts) {
-            prompts.push_back(tgt.tokenize_chat(p));
-        }
+        const auto prompts = host_tokenize_chats(tgt, args.prompts);
 
         int failures = 0;
 

@@ -1,4 +1,5 @@
 // dflash2 over its C API.
+#include "dflash2-batch-rows.h"
 #include "dflash2.h"
 #include "host.h"
 
@@ -42,15 +43,7 @@ struct drafter_dflash2 : host_drafter {
     const char * name() const override { return "dflash2"; }
 
     void process(const common_batch & batch) override {
-        rows.clear();
-        for (int32_t i = 0; i < batch.size(); ++i) {
-            const auto & t = batch.tokens[i];
-            const bool embd = t.id == LLAMA_TOKEN_NULL;
-            rows.push_back({ i, t.seq_id, t.pos[0], embd });
-            for (llama_seq_id extra : t.seq_ids_extra) {
-                rows.push_back({ i, extra, t.pos[0], embd });
-            }
-        }
+        dflash2_rows_from_batch(batch, rows);
         check(llama_spec_dflash2_process(spec, rows.data(), (int32_t) rows.size()), "process");
     }
 

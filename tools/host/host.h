@@ -122,3 +122,9 @@ int64_t host_time_us();
 
 // a log callback that passes errors to stderr and drops the rest (for llama_log_set)
 void host_log_errors_only(enum ggml_log_level level, const char * text, void * user_data);
+
+// quiet logs of libllama and dflash2, backend initialized
+void host_init_backend();
+
+// every user message through the target's chat template
+std::vector<std::vector<llama_token>> host_tokenize_chats(const host_target & tgt, const std::vector<std::string> & msgs);

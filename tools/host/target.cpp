@@ -1,3 +1,4 @@
+#include "dflash2.h"
 #include "host.h"
 
 #include <chrono>
@@ -15,6 +16,20 @@ void host_log_errors_only(enum ggml_log_level level, const char * text, void * u
     if (level == GGML_LOG_LEVEL_ERROR) {
         fputs(text, stderr);
     }
+}
+
+void host_init_backend() {
+    llama_log_set(host_log_errors_only, nullptr);
+    llama_spec_dflash2_log_set(host_log_errors_only, nullptr);
+    llama_backend_init();
+}
+
+std::vector<std::vector<llama_token>> host_tokenize_chats(const host_target & tgt, const std::vector<std::string> & msgs) {
+    std::vector<std::vector<llama_token>> out;
+    for (const auto & m : msgs) {
+        out.push_back(tgt.tokenize_chat(m));
+    }
+    return out;
 }
 
 host_target::host_target(const host_params & params) : params(params) {

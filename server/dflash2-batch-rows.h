@@ -1,0 +1,20 @@
+// The rows of a common_batch the target just decoded, as dflash2's process() takes
+// them: one row per (batch index, sequence), embedding rows flagged.
+#pragma once
+
+#include "common.h"
+#include "dflash2.h"
+
+#include <vector>
+
+inline void dflash2_rows_from_batch(const common_batch & batch, std::vector<llama_spec_dflash2_row> & rows) {
+    rows.clear();
+    for (int32_t i = 0; i < batch.size(); ++i) {
+        const auto & t    = batch.tokens[i];
+        const bool   embd = t.id == LLAMA_TOKEN_NULL;
+        rows.push_back({ i, t.seq_id, t.pos[0], embd });
+        for (llama_seq_id extra : t.seq_ids_extra) {
+            rows.push_back({ i, extra, t.pos[0], embd });
+        }
+    }
+}
