@@ -60,6 +60,15 @@ enum llama_spec_dflash2_walk {
   // Greedy chain, exactly as upstream: at each position the best successor of
   // the previous pick (first maximum on ties).
   LLAMA_SPEC_DFLASH2_WALK_GREEDY = 0,
+  // The greedy chain, then as many of its tokens as pay for their
+  // verification: the engine learns the acceptance per draft position and
+  // lattice confidence, the host's verify time per row, its own draft decode
+  // time and the tokens per second of whole steps; it keeps a token while the
+  // chance that the target reaches and accepts it is at least the achieved rate
+  // times the cost of verifying one more row, and drafts nothing when drafting
+  // does not pay (with an exploring draft every 8 steps). Drafts may differ from
+  // upstream's; outputs stay lossless.
+  LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE = 1,
 };
 
 // What the engine does with M-RoPE image rows (many rows pinned to one position).
@@ -289,8 +298,10 @@ void llama_spec_dflash2_free(struct llama_spec_dflash2 *spec);
 // Feeds the rows the target just decoded (call after every successful target
 // decode, image sub-batches included). Reads their tap features from the target
 // context. Rows of a sequence with a draft awaiting accept() are held; the
-// others are injected into the draft KV at the sequence's next dense draft
-// positions before the call returns.
+// others are committed at the sequence's next dense draft positions and
+// injected into the draft KV before the call returns once 64 or more rows wait
+// (prompt chunks), else by the next draft call, with every sequence's rows in
+// one decode.
 //
 // Returns 0, or _NULL_ARGUMENT / _INVALID_ARGUMENT (bad row index or position) /
 // _UNKNOWN_SEQUENCE / _INVALID_STATE (no target decode yet) / _BACKEND. A row

@@ -15,6 +15,7 @@
 namespace {
 
 struct server_options {
+    int32_t walk         = LLAMA_SPEC_DFLASH2_WALK_GREEDY;
     int32_t block_size   = 0;
     int32_t image_rows   = LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT;
     bool    use_upstream = false;
@@ -108,6 +109,19 @@ bool dflash2_server_take_args(int & argc, char ** argv) {
                 g_options.image_rows = LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP;
             } else {
                 fprintf(stderr, "error: --spec-dflash2-image-rows is inject or skip, got '%s'\n", v);
+                return false;
+            }
+        } else if (arg == "--spec-dflash2-walk") {
+            const char * v = value();
+            if (!v) {
+                return false;
+            }
+            if (std::strcmp(v, "greedy") == 0) {
+                g_options.walk = LLAMA_SPEC_DFLASH2_WALK_GREEDY;
+            } else if (std::strcmp(v, "adaptive") == 0) {
+                g_options.walk = LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE;
+            } else {
+                fprintf(stderr, "error: --spec-dflash2-walk is greedy or adaptive, got '%s'\n", v);
                 return false;
             }
         } else if (arg == "--spec-dflash2-upstream") {
@@ -216,6 +230,7 @@ dflash2_server_spec * dflash2_server_spec_init(common_params & params, llama_con
     sp.n_min      = draft.n_min;
     sp.p_min      = draft.p_min;
     sp.block_size = g_options.block_size;
+    sp.walk       = g_options.walk;
     sp.image_rows = g_options.image_rows;
     sp.type_k     = (int32_t) draft.cache_type_k;
     sp.type_v     = (int32_t) draft.cache_type_v;

@@ -21,6 +21,7 @@
 // our command-line options, parsed and removed from argv before llama.cpp parses it:
 //   --spec-dflash2-block-size N   noise block below the drafter's trained one (0 = trained)
 //   --spec-dflash2-image-rows M   inject | skip: what the drafter does with image rows
+//   --spec-dflash2-walk W         greedy (as upstream) | adaptive (draft what pays for its verification)
 //   --spec-dflash2-upstream       serve draft-dflash with llama.cpp's own path (for comparison)
 // returns false with a message on stderr for a bad value
 bool dflash2_server_take_args(int & argc, char ** argv);

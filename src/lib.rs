@@ -5,6 +5,7 @@
 //! dense per-sequence draft positions and the candidate selector. It links the
 //! host's own libllama dynamically. The C API is `include/dflash2.h`.
 
+pub mod adaptive;
 pub mod checkpoint;
 pub mod engine;
 pub mod error;

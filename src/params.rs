@@ -11,6 +11,15 @@ pub enum llama_spec_dflash2_walk {
     /// Greedy chain, exactly as upstream: at each position the best successor of
     /// the previous pick (first maximum on ties).
     LLAMA_SPEC_DFLASH2_WALK_GREEDY = 0,
+    /// The greedy chain, then as many of its tokens as pay for their
+    /// verification: the engine learns the acceptance per draft position and
+    /// lattice confidence, the host's verify time per row, its own draft decode
+    /// time and the tokens per second of whole steps; it keeps a token while the
+    /// chance that the target reaches and accepts it is at least the achieved rate
+    /// times the cost of verifying one more row, and drafts nothing when drafting
+    /// does not pay (with an exploring draft every 8 steps). Drafts may differ from
+    /// upstream's; outputs stay lossless.
+    LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE = 1,
 }
 
 /// What the engine does with M-RoPE image rows (many rows pinned to one position).
@@ -143,6 +152,7 @@ impl llama_spec_dflash2_params {
     pub fn walk_kind(&self) -> Option<llama_spec_dflash2_walk> {
         match self.walk {
             0 => Some(llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_GREEDY),
+            1 => Some(llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE),
             _ => None,
         }
     }

@@ -75,30 +75,43 @@ fn softmax_at(s: &[f32], at: usize) -> f32 {
     1.0 / sum
 }
 
+/// A drafted token and the softmax of its lattice scores at the pick.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pick {
+    pub token: i32,
+    pub confidence: f32,
+}
+
 /// The greedy chain, exactly as upstream: start from the anchor, at each
 /// position take the best successor of the previous pick. `n_vocab` bounds the
 /// ids a row may produce: a corrupt candidate ends the walk instead of being
 /// handed to the host.
-pub fn greedy_walk(lattice: &Lattice, limits: WalkLimits, n_vocab: usize) -> Vec<i32> {
+pub fn greedy_walk_scored(lattice: &Lattice, limits: WalkLimits, n_vocab: usize) -> Vec<Pick> {
     let n_positions = lattice.n_rows().saturating_sub(1).min(limits.n_max);
-    let mut tokens = Vec::with_capacity(n_positions);
+    let mut picks = Vec::with_capacity(n_positions);
     let mut pred = 0;
     for p in 1..=n_positions {
         let scores = lattice.scores(p, pred);
         pred = first_max(scores);
-        if limits.p_min > 0.0 && softmax_at(scores, pred) < limits.p_min {
+        let confidence = softmax_at(scores, pred);
+        if limits.p_min > 0.0 && confidence < limits.p_min {
             break;
         }
         let id = lattice.candidates(p)[pred];
         if !(id >= 0.0 && (id as usize) < n_vocab) {
             break;
         }
-        tokens.push(id as i32);
+        picks.push(Pick { token: id as i32, confidence });
     }
-    if tokens.len() < limits.n_min {
-        tokens.clear();
+    if picks.len() < limits.n_min {
+        picks.clear();
     }
-    tokens
+    picks
+}
+
+/// `greedy_walk_scored` without the confidences.
+pub fn greedy_walk(lattice: &Lattice, limits: WalkLimits, n_vocab: usize) -> Vec<i32> {
+    greedy_walk_scored(lattice, limits, n_vocab).into_iter().map(|p| p.token).collect()
 }
 
 #[cfg(test)]
@@ -176,6 +189,16 @@ mod tests {
         // softmax at the first pick is 1 / (1 + 2e^-10) = 0.99991
         assert_eq!(walk(0.9999), vec![2]);
         assert_eq!(walk(0.99995), Vec::<i32>::new());
+    }
+
+    #[test]
+    fn scored_walk_reports_the_softmax_of_each_pick() {
+        let rows = block(&[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], &[same([0.0, 10.0, 0.0]), same([1.0, 1.1, 1.0])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let picks = greedy_walk_scored(&lat, limits(8), 100);
+        assert_eq!(picks.iter().map(|p| p.token).collect::<Vec<_>>(), vec![2, 5]);
+        assert!((picks[0].confidence - 0.99991).abs() < 1e-4);
+        assert!((picks[1].confidence - 0.3559).abs() < 1e-3);
     }
 
     #[test]

@@ -85,3 +85,23 @@ fn smollm2_with_a_generated_drafter_is_lossless_on_four_sequences() {
         assert_eq!(&s.out[..24], &want[..], "seq {}", s.seq);
     }
 }
+
+#[test]
+fn the_adaptive_walk_is_lossless_on_four_sequences() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 4, 2048, 512);
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts, N_GEN);
+    let mut params = default_params(4);
+    params.walk = dflash2::ffi::llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE as i32;
+    let spec = Spec::new(&target, &fx.drafter, params);
+    let mut streams = prefill(&mut target, &spec, &prompts);
+    generate(&mut target, &spec, &mut streams, N_GEN, 3);
+    for (s, want) in streams.iter().zip(&reference) {
+        assert_eq!(&s.out[..N_GEN], &want[..], "seq {}", s.seq);
+        let info = spec.info(s.seq);
+        assert_eq!(info.n_in_kv + info.n_queued, s.n_past, "seq {}", s.seq);
+    }
+    // it drafts at first (full length until its models are warm)
+    assert!(spec.stats().n_drafted > 0);
+}

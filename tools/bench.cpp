@@ -50,7 +50,10 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
         return make_drafter_upstream(tgt);
     }
     if (mode == "dflash2") {
-        return make_drafter_dflash2(tgt);
+        return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_GREEDY);
+    }
+    if (mode == "dflash2-adaptive") {
+        return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE);
     }
     return nullptr;
 }
@@ -109,7 +112,7 @@ double ratio(const mode_result * a, const mode_result * b) {
 }
 
 void print_table(const std::vector<mode_result> & results, const std::vector<int32_t> & nps, int n_max) {
-    printf("\n%-3s %-9s %22s %9s %6s %16s %9s %9s  %s\n", "np", "mode", "tok/s median [min..max]", "tok/s/seq",
+    printf("\n%-3s %-16s %22s %9s %6s %16s %9s %9s  %s\n", "np", "mode", "tok/s median [min..max]", "tok/s/seq",
             "tau", "accepted/drafted", "identical", "verify ms", "drafter ms: process / draft / accept (inject, noise, walk)");
     for (int32_t np : nps) {
         for (const auto & r : results) {
@@ -120,7 +123,7 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             char tps[64], acc[32];
             snprintf(tps, sizeof(tps), "%.1f [%.1f..%.1f]", s.tokens_per_s(), r.tps_min(), r.tps_max());
             snprintf(acc, sizeof(acc), "%lld/%lld", (long long) s.n_accepted, (long long) s.n_drafted);
-            printf("%-3d %-9s %22s %9.1f %6.2f %16s %5d/%-3zu %9.1f", np, r.mode.c_str(), tps, s.tokens_per_s() / np,
+            printf("%-3d %-16s %22s %9.1f %6.2f %16s %5d/%-3zu %9.1f", np, r.mode.c_str(), tps, s.tokens_per_s() / np,
                     s.tau(), r.mode == "ar" ? "-" : acc, r.n_identical(), r.identical.size(), s.t_target_us / 1e3);
             if (r.mode != "ar") {
                 printf("  %.1f / %.1f / %.1f", s.t_process_us / 1e3, s.t_draft_us / 1e3, s.t_accept_us / 1e3);
@@ -133,9 +136,14 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
         const mode_result * d = find(results, "dflash2", np);
         const mode_result * u = find(results, "upstream", np);
         const mode_result * a = find(results, "ar", np);
-        printf("    np=%d ratios: dflash2/upstream %.3f, dflash2/ar %.3f, upstream/ar %.3f\n", np, ratio(d, u),
+        const mode_result * x = find(results, "dflash2-adaptive", np);
+        printf("    np=%d ratios: dflash2/upstream %.3f, dflash2/ar %.3f, upstream/ar %.3f", np, ratio(d, u),
                 ratio(d, a), ratio(u, a));
-        for (const auto * r : { u, d }) {
+        if (x) {
+            printf(", dflash2-adaptive/upstream %.3f, dflash2-adaptive/ar %.3f", ratio(x, u), ratio(x, a));
+        }
+        printf("\n");
+        for (const auto * r : { u, d, x }) {
             if (!r) {
                 continue;
             }
@@ -207,8 +215,10 @@ void write_json(const std::string & path, const host_args & args, const std::vec
         out << "    {\"np\": " << np << ", \"dflash2_over_upstream\": "
             << ratio(find(results, "dflash2", np), find(results, "upstream", np)) << ", \"dflash2_over_ar\": "
             << ratio(find(results, "dflash2", np), find(results, "ar", np)) << ", \"upstream_over_ar\": "
-            << ratio(find(results, "upstream", np), find(results, "ar", np)) << "}" << (k + 1 < nps.size() ? "," : "")
-            << "\n";
+            << ratio(find(results, "upstream", np), find(results, "ar", np)) << ", \"dflash2_adaptive_over_upstream\": "
+            << ratio(find(results, "dflash2-adaptive", np), find(results, "upstream", np))
+            << ", \"dflash2_adaptive_over_ar\": " << ratio(find(results, "dflash2-adaptive", np), find(results, "ar", np))
+            << "}" << (k + 1 < nps.size() ? "," : "") << "\n";
     }
     out << "  ]\n}\n";
 }
@@ -284,10 +294,10 @@ int main(int argc, char ** argv) {
         if (!args.flags.empty()) {
             throw std::runtime_error("unknown option " + args.flags[0]);
         }
-        const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2");
+        const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
         for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2") {
-                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2)");
+            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive") {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive)");
             }
         }
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;

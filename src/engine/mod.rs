@@ -12,12 +12,13 @@ pub mod stats;
 use std::path::Path;
 use std::time::Instant;
 
+use crate::adaptive::AdaptivePolicy;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Status};
 use crate::log;
-use crate::params::llama_spec_dflash2_params;
+use crate::params::{llama_spec_dflash2_params, llama_spec_dflash2_walk};
 use crate::positions::{KvEdit, TargetRange};
-use crate::selector::{Lattice, WalkLimits, greedy_walk};
+use crate::selector::{Lattice, Pick, WalkLimits, greedy_walk_scored};
 use crate::sys::{Batch, DraftContext, DraftModel, TargetContext, ggml_backend_dev_t};
 
 use sequence::{Outstanding, Sequence};
@@ -83,7 +84,15 @@ pub struct Engine {
     target_decoded: bool,
     stats: llama_spec_dflash2_stats,
     scratch: Vec<f32>,
+    /// The adaptive walk's model and the timings it learns from.
+    policy: Option<AdaptivePolicy>,
+    last_draft_start: Option<Instant>,
+    last_draft_end: Option<Instant>,
+    tokens_since_draft: usize,
 }
+
+/// Committed rows waiting for injection beyond which process() injects at once.
+const FLUSH_ROWS: usize = 64;
 
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
@@ -154,6 +163,11 @@ impl Engine {
             target_decoded: false,
             stats: llama_spec_dflash2_stats::default(),
             scratch: Vec::new(),
+            policy: (params.walk_kind() == Some(llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE))
+                .then(|| AdaptivePolicy::new(s.limits.n_max)),
+            last_draft_start: None,
+            last_draft_end: None,
+            tokens_since_draft: 0,
         })
     }
 
@@ -208,8 +222,8 @@ impl Engine {
 
     /// Reads the tap features of the rows the target just decoded. Rows of a
     /// sequence with an outstanding draft are held until accept(); the others
-    /// are committed and injected before the call returns (one decode for all
-    /// sequences per n_ubatch rows).
+    /// are committed: injected before the call returns once 64 or more rows wait
+    /// (prompt chunks), else by the next draft (one decode for all sequences).
     pub fn process(&mut self, rows: &[Row]) -> Result<()> {
         let n_batch = self.target.n_batch() as i32;
         for r in rows {
@@ -226,6 +240,10 @@ impl Engine {
         }
         if rows.is_empty() {
             return Ok(());
+        }
+        // the first rows after a draft are the host's verify decode
+        if let (Some(policy), Some(t)) = (self.policy.as_mut(), self.last_draft_end.take()) {
+            policy.verify_cost.observe(rows.len(), t.elapsed().as_secs_f64());
         }
         if !self.target_decoded {
             // libllama aborts on reading captured rows before any decode
@@ -262,7 +280,10 @@ impl Engine {
             }
         }
         self.stats.t_process_us += us_since(t);
-        self.flush()
+        // prompt chunks go in as they come; a few rows of a decode step wait for
+        // the next draft, which injects every sequence's rows in one decode
+        let queued: usize = self.seqs.iter().map(|q| q.map.queued().len()).sum();
+        if queued >= FLUSH_ROWS { self.flush() } else { Ok(()) }
     }
 
     /// Injects every queued row of every sequence into the draft KV.
@@ -339,6 +360,7 @@ impl Engine {
         if reqs.is_empty() {
             return Ok(());
         }
+        let drafting = self.observe_step(reqs.len());
 
         // a previous draft never accepted: the host kept what it decoded since
         for r in reqs {
@@ -350,13 +372,13 @@ impl Engine {
         }
         self.flush()?;
 
-        let width = reqs.iter().map(|r| self.request_cap(r)).max().unwrap_or(0) + 1;
+        let width = if drafting { reqs.iter().map(|r| self.request_cap(r)).max().unwrap_or(0) + 1 } else { 0 };
         let mut order: Vec<usize> = (0..reqs.len()).collect();
         order.sort_by_key(|&i| reqs[i].seq);
         let n_ctx_seq = self.ctx.n_ctx_seq() as i32;
         self.batch.clear();
         let mut blocks = Vec::with_capacity(reqs.len()); // (request, anchor draft position)
-        for &i in &order {
+        for &i in order.iter().filter(|_| drafting) {
             let r = reqs[i];
             let anchor = self.seqs[r.seq as usize].map.next_draft_pos();
             if anchor + width as i32 > n_ctx_seq {
@@ -370,11 +392,14 @@ impl Engine {
             blocks.push((i, anchor));
         }
 
-        let mut drafts: Vec<Vec<i32>> = vec![Vec::new(); reqs.len()];
+        let mut drafts: Vec<Vec<Pick>> = vec![Vec::new(); reqs.len()];
         if !blocks.is_empty() {
             let t = Instant::now();
             let decoded = self.ctx.decode(&self.batch);
             self.stats.t_draft_us += us_since(t);
+            if let Some(policy) = self.policy.as_mut() {
+                policy.observe_draft_decode(t.elapsed().as_secs_f64());
+            }
             if let Err(rc) = decoded {
                 self.remove_noise(reqs, &blocks);
                 return Err(backend(format!("draft noise-block decode failed (llama_process returned {rc})")));
@@ -398,7 +423,11 @@ impl Engine {
                     n_min: self.limits.n_min,
                     p_min: self.limits.p_min,
                 };
-                drafts[i] = greedy_walk(&block, limits, self.n_vocab);
+                drafts[i] = greedy_walk_scored(&block, limits, self.n_vocab);
+                if let Some(policy) = self.policy.as_mut() {
+                    let confidences: Vec<f32> = drafts[i].iter().map(|p| p.confidence).collect();
+                    drafts[i].truncate(policy.keep(&confidences));
+                }
             }
             self.stats.t_walk_us += us_since(t);
             self.remove_noise(reqs, &blocks);
@@ -407,13 +436,32 @@ impl Engine {
         let mut at = 0;
         for (i, r) in reqs.iter().enumerate() {
             let d = &drafts[i];
-            tokens[at..at + d.len()].copy_from_slice(d);
+            for (slot, pick) in tokens[at..at + d.len()].iter_mut().zip(d) {
+                *slot = pick.token;
+            }
             at += d.len();
             n_drafted[i] = d.len() as i32;
-            self.seqs[r.seq as usize].outstanding = Some(Outstanding { n_drafted: d.len() });
+            let seq = &mut self.seqs[r.seq as usize];
+            seq.outstanding = Some(Outstanding { n_drafted: d.len() });
+            seq.draft_confidences.clear();
+            seq.draft_confidences.extend(d.iter().map(|p| p.confidence));
             self.stats.record_draft(d.len());
         }
+        self.last_draft_end = Some(Instant::now());
         Ok(())
+    }
+
+    /// For the adaptive walk: closes the previous step (tokens gained over its
+    /// wall time) and decides whether this one drafts. Always true otherwise.
+    fn observe_step(&mut self, n_requests: usize) -> bool {
+        let Some(policy) = self.policy.as_mut() else { return true };
+        let now = Instant::now();
+        if let Some(t) = self.last_draft_start.replace(now) {
+            policy.observe_step(self.tokens_since_draft, (now - t).as_secs_f64());
+        }
+        // every requesting sequence gains at least its anchor's successor this step
+        self.tokens_since_draft = n_requests;
+        policy.should_draft(n_requests)
     }
 
     /// Takes the noise blocks back out of the draft KV.
@@ -442,6 +490,10 @@ impl Engine {
                 "accept({seq}, {n_accepted}) needs {n_rows} verify rows, but process() received {} since the draft",
                 q.held.len()
             )));
+        }
+        if let Some(policy) = self.policy.as_mut() {
+            policy.acceptance.observe(&q.draft_confidences, n_accepted as usize);
+            self.tokens_since_draft += n_accepted as usize;
         }
         let dropped = q.resolve_held(n_rows, nf);
         self.stats.n_rejected_rows += dropped as u64;
@@ -543,15 +595,17 @@ impl Engine {
         Ok(())
     }
 
-    /// Bytes `state_get` writes for `seq`.
-    pub fn state_size(&self, seq: i32) -> Result<usize> {
+    /// Bytes `state_get` writes for `seq`. Injects waiting rows first: KV cells
+    /// are far smaller than the raw tap features of queued rows.
+    pub fn state_size(&mut self, seq: i32) -> Result<usize> {
         let s = self.seq_index(seq)?;
         self.check_saveable(s)?;
+        self.flush()?;
         Ok(state_blob::header_len(&self.seqs[s].map, self.n_feat) + self.ctx.state_seq_size(seq))
     }
 
     /// Writes the state of `seq` into `dst`; returns the bytes written.
-    pub fn state_get(&self, seq: i32, dst: &mut [u8]) -> Result<usize> {
+    pub fn state_get(&mut self, seq: i32, dst: &mut [u8]) -> Result<usize> {
         let size = self.state_size(seq)?;
         if dst.len() < size {
             return Err(Error::new(

@@ -25,6 +25,8 @@ pub struct Sequence {
     /// Features of `held`, `n_feat` floats each.
     pub held_features: Vec<f32>,
     pub outstanding: Option<Outstanding>,
+    /// Lattice softmax of each token of the outstanding draft (adaptive walk).
+    pub draft_confidences: Vec<f32>,
 }
 
 impl Sequence {

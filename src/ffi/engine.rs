@@ -188,8 +188,10 @@ pub unsafe extern "C" fn llama_spec_dflash2_free(spec: *mut llama_spec_dflash2) 
 /// Feeds the rows the target just decoded (call after every successful target
 /// decode, image sub-batches included). Reads their tap features from the target
 /// context. Rows of a sequence with a draft awaiting accept() are held; the
-/// others are injected into the draft KV at the sequence's next dense draft
-/// positions before the call returns.
+/// others are committed at the sequence's next dense draft positions and
+/// injected into the draft KV before the call returns once 64 or more rows wait
+/// (prompt chunks), else by the next draft call, with every sequence's rows in
+/// one decode.
 ///
 /// Returns 0, or _NULL_ARGUMENT / _INVALID_ARGUMENT (bad row index or position) /
 /// _UNKNOWN_SEQUENCE / _INVALID_STATE (no target decode yet) / _BACKEND. A row

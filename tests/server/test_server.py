@@ -301,6 +301,16 @@ def test_our_flags_fall_back_to_upstream_and_shrink_the_block(ref, upstream, sma
     assert small.request("GET", "/slots")[0]["draft"]["engine"] == "dflash2"
 
 
+@with_servers(("reference", ["-np", "1", "-c", "2048"]),
+              ("adaptive", ["-np", "2", "-c", "4096", "--spec-dflash2-walk", "adaptive"] + [DRAFT]))
+def test_the_adaptive_walk_answers_identically(ref, adaptive):
+    want = [ref.chat(p) for p in PROMPTS]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(adaptive.chat, PROMPTS))
+    assert got == want
+    assert adaptive.metrics().get("dflash2_drafted_tokens_total", 0) > 0, "it drafts while warming up"
+
+
 def test_bad_values_of_our_flags_stop_the_server():
     s = Server("bad-flag", ["--spec-dflash2-block-size", "1"] + [DRAFT])
     code = s.proc.wait(timeout=60)
@@ -318,6 +328,7 @@ TESTS = [
     test_slot_save_and_restore_keep_answers_identical,
     test_a_cancelled_request_leaves_the_server_answering_identically,
     test_our_flags_fall_back_to_upstream_and_shrink_the_block,
+    test_the_adaptive_walk_answers_identically,
     test_bad_values_of_our_flags_stop_the_server,
 ]
 

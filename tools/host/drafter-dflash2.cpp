@@ -23,13 +23,14 @@ struct drafter_dflash2 : host_drafter {
     std::vector<llama_token>                      tokens;
     std::vector<int32_t>                          n_drafted;
 
-    explicit drafter_dflash2(host_target & tgt) {
+    drafter_dflash2(host_target & tgt, int32_t walk) {
         const host_params & hp = tgt.params;
         llama_spec_dflash2_params params = llama_spec_dflash2_default_params();
         params.n_seq           = (uint32_t) hp.n_seq;
         params.n_max           = hp.n_max;
         params.n_threads       = hp.n_threads;
         params.n_threads_batch = hp.n_threads;
+        params.walk            = walk;
         spec = llama_spec_dflash2_init(tgt.ctx, hp.path_draft.c_str(), params);
         if (!spec) {
             throw std::runtime_error(std::string("dflash2 init: ") + llama_spec_dflash2_last_error());
@@ -90,6 +91,6 @@ struct drafter_dflash2 : host_drafter {
 
 } // namespace
 
-std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt) {
-    return std::make_unique<drafter_dflash2>(tgt);
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk) {
+    return std::make_unique<drafter_dflash2>(tgt, walk);
 }

@@ -104,7 +104,8 @@ struct host_drafter {
 };
 
 std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt);
-std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt);
+// walk: an enum llama_spec_dflash2_walk value (0 greedy, as upstream; 1 adaptive)
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk = 0);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
