@@ -18,11 +18,7 @@ root=$(pwd)
 out="$root/target/bench"
 mkdir -p "$out"
 
-DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
-export DFLASH2_LLAMA_PREFIX
-prefix=$(scripts/install.sh "$out/prefix")
-cmake -S tools -B "$out/tools" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$out/tools" -j 2 >/dev/null
+tools=$(scripts/build-tools.sh "$out")
 
 args=("$@")
 has() { for a in "${args[@]}"; do [ "$a" = "$1" ] && return 0; done; return 1; }
@@ -45,4 +41,4 @@ fi
 has --np || args+=(--np 1,2,4)
 has --json || args+=(--json "$out/bench.json")
 has --svg || args+=(--svg "$out/bench.svg")
-exec "$out/tools/dflash2-bench" "${args[@]}"
+exec "$tools/dflash2-bench" "${args[@]}"

@@ -15,12 +15,8 @@ root=$(pwd)
 out="$root/target/demo"
 mkdir -p "$out"
 
-DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
-export DFLASH2_LLAMA_PREFIX
+tools=$(scripts/build-tools.sh "$out")
 target=$(scripts/fetch-models.sh smollm2)
-prefix=$(scripts/install.sh "$out/prefix")
-cmake -S tools -B "$out/tools" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$out/tools" -j 2 >/dev/null
 
 args=("$@")
 has_draft=0
@@ -36,4 +32,4 @@ if [ $has_draft = 0 ]; then
          "pass --draft for a trained one)" >&2
     args+=(--draft "$drafter")
 fi
-exec "$out/tools/dflash2-demo" --target "$target" "${args[@]}"
+exec "$tools/dflash2-demo" --target "$target" "${args[@]}"

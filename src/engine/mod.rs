@@ -13,7 +13,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::adaptive::AdaptivePolicy;
-use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result, Status};
 use crate::log;
 use crate::params::{llama_spec_dflash2_params, llama_spec_dflash2_walk};
@@ -67,7 +66,6 @@ pub struct Engine {
     ctx: DraftContext,
     _model: DraftModel,
     target: TargetContext,
-    ckpt: Checkpoint,
     taps: Vec<u32>,
     n_embd_tgt: usize,
     n_feat: usize,
@@ -155,7 +153,6 @@ impl Engine {
             ctx: s.ctx,
             _model: s.model,
             target,
-            ckpt: s.ckpt,
             taps,
             n_embd_tgt,
             fingerprint,
@@ -173,10 +170,6 @@ impl Engine {
 
     pub fn limits(&self) -> Limits {
         self.limits
-    }
-
-    pub fn checkpoint(&self) -> &Checkpoint {
-        &self.ckpt
     }
 
     pub fn stats(&self) -> llama_spec_dflash2_stats {
@@ -299,9 +292,8 @@ impl Engine {
                 if n == 0 {
                     continue;
                 }
-                let base = seq.map.next_draft_pos();
-                for i in 0..n {
-                    self.batch.add_embd(s as i32, &seq.queued[i * nf..(i + 1) * nf], base + i as i32)?;
+                for (i, pos) in seq.map.pending_draft_positions().take(n).enumerate() {
+                    self.batch.add_embd(s as i32, &seq.queued[i * nf..(i + 1) * nf], pos)?;
                 }
                 plan.push((s, n));
                 room -= n;

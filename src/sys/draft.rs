@@ -62,11 +62,6 @@ impl DraftModel {
         // SAFETY: live model.
         unsafe { llama_model_n_embd(self.model.as_ptr()) }.max(0) as usize
     }
-
-    pub fn is_mrope(&self) -> bool {
-        // SAFETY: live model.
-        unsafe { llama_model_rope_type(self.model.as_ptr()) == LLAMA_ROPE_TYPE_MROPE }
-    }
 }
 
 impl Drop for DraftModel {
@@ -144,11 +139,6 @@ impl DraftContext {
     pub fn n_ubatch(&self) -> u32 {
         // SAFETY: live context.
         unsafe { llama_n_ubatch(self.ctx.as_ptr()) }
-    }
-
-    pub fn n_batch(&self) -> u32 {
-        // SAFETY: live context.
-        unsafe { llama_n_batch(self.ctx.as_ptr()) }
     }
 
     pub fn n_ctx_seq(&self) -> u32 {
@@ -240,7 +230,6 @@ impl Drop for DraftContext {
 /// A `llama_batch_ext` for the draft context.
 pub struct Batch {
     ptr: NonNull<llama_batch_ext>,
-    len: usize,
 }
 
 // SAFETY: owned exclusively by one engine, used behind its mutex.
@@ -250,21 +239,12 @@ impl Batch {
     pub fn new(ctx: &DraftContext) -> Result<Batch> {
         // SAFETY: live context.
         let ptr = unsafe { llama_batch_ext_init(ctx.as_ptr()) };
-        NonNull::new(ptr).map(|ptr| Batch { ptr, len: 0 }).ok_or_else(|| backend("cannot create a draft batch".into()))
+        NonNull::new(ptr).map(|ptr| Batch { ptr }).ok_or_else(|| backend("cannot create a draft batch".into()))
     }
 
     pub fn clear(&mut self) {
         // SAFETY: live batch.
         unsafe { llama_batch_ext_clear(self.ptr.as_ptr()) }
-        self.len = 0;
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     fn set_pos(&mut self, idx: i32, pos: i32) -> Result<()> {
@@ -282,7 +262,6 @@ impl Batch {
         if idx < 0 {
             return Err(backend(format!("cannot add {what} to the draft batch (code {idx})")));
         }
-        self.len += 1;
         Ok(idx)
     }
 
