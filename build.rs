@@ -42,27 +42,105 @@ fn llama_prefix() -> PathBuf {
     prefix
 }
 
-fn bindings(include: &Path, out: &Path) {
+/// The bindings of the pinned llama.cpp, committed so that a fresh machine needs
+/// no libclang: used when the prefix's headers hash to the value they were
+/// generated from (and the target is the one they were generated for).
+const PINNED_BINDINGS: &str = "src/sys/pinned_bindings.rs";
+const PINNED_TARGET: &str = "x86_64-unknown-linux-gnu";
+
+/// FNV-1a 64 of llama.h and every header it includes from the prefix, in
+/// include order: identifies the headers bindgen reads.
+fn headers_hash(include: &Path) -> u64 {
+    fn visit(include: &Path, name: &str, seen: &mut Vec<String>, hash: &mut u64) {
+        if seen.iter().any(|s| s == name) {
+            return;
+        }
+        seen.push(name.to_string());
+        let Ok(text) = std::fs::read(include.join(name)) else { return };
+        for &b in name.as_bytes().iter().chain(&text) {
+            *hash = (*hash ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        for line in String::from_utf8_lossy(&text).lines() {
+            let line = line.trim_start();
+            if let Some(rest) = line.strip_prefix("#include \"") {
+                if let Some(end) = rest.find('"') {
+                    visit(include, &rest[..end], seen, hash);
+                }
+            }
+        }
+    }
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    visit(include, "llama.h", &mut Vec::new(), &mut hash);
+    hash
+}
+
+fn generate_bindings(include: &Path) -> String {
     let header = include.join("llama.h");
-    bindgen::Builder::default()
-        .header(header.to_string_lossy())
-        .clang_arg(format!("-I{}", include.display()))
-        .allowlist_function("llama_.*")
-        .allowlist_type("llama_.*")
-        .allowlist_var("LLAMA_.*")
-        .allowlist_function("ggml_backend_dev_.*")
-        .allowlist_function("ggml_backend_load_all")
-        .allowlist_function("ggml_type_size")
-        .allowlist_function("ggml_blck_size")
-        .allowlist_function("ggml_type_name")
-        .allowlist_var("GGML_TYPE_COUNT")
-        .prepend_enum_name(false)
-        .derive_default(true)
-        .layout_tests(false)
-        .generate()
-        .expect("bindgen failed on llama.h")
-        .write_to_file(out.join("llama_bindings.rs"))
-        .expect("cannot write bindings");
+    let run = || {
+        bindgen::Builder::default()
+            .header(header.to_string_lossy())
+            .clang_arg(format!("-I{}", include.display()))
+            .allowlist_function("llama_.*")
+            .allowlist_type("llama_.*")
+            .allowlist_var("LLAMA_.*")
+            .allowlist_function("ggml_backend_dev_.*")
+            .allowlist_function("ggml_backend_load_all")
+            .allowlist_function("ggml_type_size")
+            .allowlist_function("ggml_blck_size")
+            .allowlist_function("ggml_type_name")
+            .allowlist_var("GGML_TYPE_COUNT")
+            .prepend_enum_name(false)
+            .derive_default(true)
+            .layout_tests(false)
+            .generate()
+            .map(|b| b.to_string())
+    };
+    // bindgen panics when it cannot load libclang; say what to do instead
+    match std::panic::catch_unwind(run) {
+        Ok(Ok(text)) => text,
+        Ok(Err(e)) => panic!("bindgen failed on {}: {e}", header.display()),
+        Err(_) => panic!(
+            "\n\ndflash2: generating Rust bindings for the llama.cpp headers in {} needs libclang \
+             (the committed bindings only match the pinned llama.cpp build).\n\
+             Install it, e.g. `apt-get install libclang-dev`, or set LIBCLANG_PATH to its folder.\n",
+            include.display()
+        ),
+    }
+}
+
+/// Writes OUT/llama_bindings.rs: the committed bindings when the headers are the
+/// pinned ones, else bindgen's. DFLASH2_CHECK_BINDINGS=1 regenerates the pinned
+/// ones and fails on drift; DFLASH2_WRITE_BINDINGS=1 rewrites the committed file.
+fn bindings(include: &Path, out: &Path) {
+    let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let committed_path = crate_dir.join(PINNED_BINDINGS);
+    println!("cargo:rerun-if-changed={}", committed_path.display());
+    let marker = format!(
+        "// dflash2 pinned bindings: headers fnv1a64 {:#018x}, target {PINNED_TARGET}\n",
+        headers_hash(include)
+    );
+    let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
+    let is_pinned = env::var("TARGET").is_ok_and(|t| t == PINNED_TARGET) && committed.starts_with(&marker);
+
+    let text = if env::var_os("DFLASH2_WRITE_BINDINGS").is_some() {
+        let text =
+            format!("{marker}// regenerate: DFLASH2_WRITE_BINDINGS=1 cargo build\n{}", generate_bindings(include));
+        std::fs::write(&committed_path, &text).expect("cannot write the committed bindings");
+        text
+    } else if is_pinned {
+        if env::var_os("DFLASH2_CHECK_BINDINGS").is_some() {
+            let fresh = generate_bindings(include);
+            let body = committed.splitn(3, '\n').nth(2).unwrap_or_default();
+            assert!(
+                body == fresh,
+                "{PINNED_BINDINGS} is stale: regenerate it with `DFLASH2_WRITE_BINDINGS=1 cargo build` and commit it"
+            );
+        }
+        committed
+    } else {
+        generate_bindings(include)
+    };
+    std::fs::write(out.join("llama_bindings.rs"), text).expect("cannot write bindings");
 }
 
 fn shim(include: &Path) {
@@ -99,6 +177,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DFLASH2_CACHE");
     println!("cargo:rerun-if-env-changed=XDG_CACHE_HOME");
     println!("cargo:rerun-if-env-changed=DFLASH2_WRITE_HEADER");
+    println!("cargo:rerun-if-env-changed=DFLASH2_WRITE_BINDINGS");
+    println!("cargo:rerun-if-env-changed=DFLASH2_CHECK_BINDINGS");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=src");
 

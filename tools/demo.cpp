@@ -16,6 +16,27 @@ static void print_row(const char * name, const host_stats & s) {
     printf("\n");
 }
 
+// one line: did drafting pay on this machine, and why (what a verify step costs
+// against a plain target token, and what it yields)
+static void print_verdict(const host_stats & ar, const host_stats & s) {
+    if (!ar.n_generated || !s.n_seq_steps || !s.t_total_us) {
+        return;
+    }
+    const double speedup     = s.tokens_per_s() / ar.tokens_per_s();
+    const double us_token    = (double) ar.t_total_us / ar.n_generated;            // target only, per token
+    const double us_step     = (double) s.t_total_us / s.n_seq_steps;              // speculative, per sequence step
+    const double rows        = (double) (s.n_seq_steps + s.n_drafted);             // anchor + drafts
+    const double us_row      = s.t_target_us / rows;
+    const double us_drafter  = (double) s.t_drafter_us() / s.n_seq_steps;
+    const double break_even  = us_step / us_token;
+    printf("  verdict: drafting %s on this machine: %.2fx target-only. A step verified %.1f rows at %.2f ms/row "
+           "(a target-only token: %.2f ms) plus %.2f ms of drafting, %.2f ms in all = %.2f plain tokens, "
+           "and yielded tau %.2f tokens%s\n",
+            speedup >= 1.0 ? "paid" : "did not pay", speedup, rows / s.n_seq_steps, us_row / 1e3, us_token / 1e3,
+            us_drafter / 1e3, us_step / 1e3, break_even, s.tau(),
+            speedup >= 1.0 ? "" : " (it pays where tau exceeds that: a better drafter, or a target whose extra verify rows are nearly free, e.g. a large model on a GPU)");
+}
+
 int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv);
@@ -73,6 +94,7 @@ int main(int argc, char ** argv) {
         }
         printf("\n  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
                 s.t_target_us / 1e3, s.t_drafter_us() / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
+        print_verdict(ar.stats, s);
         return identical == (int) prompts.size() ? 0 : 1;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n", e.what(),
