@@ -13,6 +13,7 @@ pub mod ffi;
 pub(crate) mod log;
 pub mod params;
 pub mod positions;
+pub mod sampling;
 pub mod selector;
 /// cbindgen:ignore
 #[doc(hidden)]

@@ -1,4 +1,6 @@
-//! Walks over the DFlash2 selector lattice. Pure functions, no model needed.
+//! Walks over the DFlash2 selector lattice: upstream's greedy chain, and a
+//! sampled walk that also reports the draft distribution q of every token for
+//! lossless verification (`crate::sampling`). Pure functions, no model needed.
 //!
 //! The drafter writes one lattice row per block position (block-major), each
 //! `n_embd` floats wide. Row 0 of a block (the anchor) is unused. Row p holds:
@@ -8,6 +10,9 @@
 //!   position p-1; at p = 1 the anchor, repeated over i) and successor
 //!   candidate j (of position p);
 //! - zero padding up to `n_embd`.
+
+use crate::error::{Error, Result};
+use crate::sampling::{Dist, Rng, draw};
 
 /// Stopping rules of a walk, as upstream applies them.
 #[derive(Clone, Copy, Debug)]
@@ -112,6 +117,170 @@ pub fn greedy_walk_scored(lattice: &Lattice, limits: WalkLimits, n_vocab: usize)
 /// `greedy_walk_scored` without the confidences.
 pub fn greedy_walk(lattice: &Lattice, limits: WalkLimits, n_vocab: usize) -> Vec<i32> {
     greedy_walk_scored(lattice, limits, n_vocab).into_iter().map(|p| p.token).collect()
+}
+
+/// The draft temperature of a request: `draft` when the caller sets one, else
+/// the request's own temperature.
+///
+/// Why the request's: the drafter is trained so that its edge scores rank the
+/// target's next tokens like the target's logits do, so softmax(S / T) is its
+/// best guess of the target's distribution at temperature T, and the closer q
+/// is to p the higher the acceptance, sum_t min(p(t), q(t)). Why overridable:
+/// the host's chain also truncates p (top-k, top-p, min-p) and the drafter is
+/// not perfectly calibrated, so a somewhat lower draft temperature can do
+/// better; 0 drafts the greedy chain with a one-hot q, which verifies exactly
+/// like upstream's sample-and-match. Either way the output stays the target's.
+pub fn draft_temperature(request: f32, draft: Option<f32>) -> Result<f32> {
+    check_temperature("request temperature", request)?;
+    if let Some(t) = draft {
+        check_temperature("draft temperature", t)?;
+    }
+    Ok(draft.unwrap_or(request))
+}
+
+fn check_temperature(what: &str, t: f32) -> Result<()> {
+    if t.is_finite() && t >= 0.0 {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!("{what} {t} (must be finite and >= 0)")))
+    }
+}
+
+/// A sampled draft token, its position's draft distribution q and the row's
+/// confidence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampledPick {
+    pub token: i32,
+    /// Softmax of the row's scores (temperature 1) at its best candidate: the
+    /// quantity greedy calls `confidence`, but fixed before the token is
+    /// drawn. Any rule that cuts the draft before this token may use it;
+    /// cutting on `q(token)` instead would bias the verified output.
+    pub confidence: f32,
+    /// q(· | previous pick): the distinct in-vocabulary candidate ids of the
+    /// position with positive probability, in candidate order, and their
+    /// probabilities (summing to 1 up to f32 rounding). q is 0 elsewhere.
+    pub q_ids: Vec<i32>,
+    pub q_probs: Vec<f32>,
+}
+
+impl SampledPick {
+    /// q as the verifier reads it.
+    pub fn q(&self) -> Dist<'_> {
+        Dist::Sparse { ids: &self.q_ids, probs: &self.q_probs }
+    }
+
+    /// q(token) for any token: 0 outside the candidates.
+    pub fn q_of(&self, token: i32) -> f32 {
+        self.q_ids.iter().position(|&t| t == token).map_or(0.0, |i| self.q_probs[i])
+    }
+}
+
+/// The candidate id at `j` if it is a vocabulary id and its score is finite.
+fn usable(lattice: &Lattice, p: usize, scores: &[f32], j: usize, n_vocab: usize) -> Option<i32> {
+    let id = lattice.candidates(p)[j];
+    (id >= 0.0 && (id as usize) < n_vocab && scores[j].is_finite()).then_some(id as i32)
+}
+
+/// The sampled walk: from the anchor, at each position draw the next candidate
+/// from q(j | a) = softmax_j(S[a][j] / t_draft) over the row's usable
+/// candidates, where a is the previous pick, and report q for every token.
+///
+/// - Usable candidates: an in-vocabulary id and a finite score. The others
+///   get q = 0 and the rest is renormalized (NaN, +inf or a corrupt id is a
+///   bad row entry, not a sure thing); a row with none ends the walk.
+/// - Duplicate ids are one token: q(t) sums their probabilities. The walk
+///   still continues from the drawn candidate (chosen among the duplicates in
+///   proportion to their weights), and that is still lossless: given
+///   everything drawn so far, each token is distributed as the q reported.
+/// - `t_draft = 0` takes the first best usable candidate and reports a
+///   one-hot q (no random number drawn).
+/// - Limits: `n_max` as in greedy. `p_min` ends the walk before a position
+///   whose `confidence` is below it; on clean rows that is greedy's rule, and
+///   it is decided before the token is drawn. `n_min` applies only at
+///   `t_draft = 0`: dropping a sampled draft because it came out short makes
+///   its kept tokens depend on what they lead to, which biases the output
+///   (q = (A: .5, B: .5), p = q, A leads on, B ends the walk, n_min = 2:
+///   then A is emitted 3/4 of the time).
+///
+/// One uniform per drawn token (two where the drawn id has duplicates).
+pub fn sampled_walk(
+    lattice: &Lattice,
+    limits: WalkLimits,
+    n_vocab: usize,
+    t_draft: f32,
+    rng: &mut Rng,
+) -> Result<Vec<SampledPick>> {
+    check_temperature("draft temperature", t_draft)?;
+    let k = lattice.top_k;
+    let n_positions = lattice.n_rows().saturating_sub(1).min(limits.n_max);
+    let mut picks = Vec::with_capacity(n_positions);
+    let mut pred = 0;
+    let mut weight = vec![0.0f64; k];
+    for p in 1..=n_positions {
+        let scores = lattice.scores(p, pred);
+        let ids: Vec<Option<i32>> = (0..k).map(|j| usable(lattice, p, scores, j, n_vocab)).collect();
+        // The first best usable candidate; none usable ends the walk.
+        let Some(best) = (0..k).filter(|&j| ids[j].is_some()).reduce(|b, j| if scores[b] < scores[j] { j } else { b })
+        else {
+            break;
+        };
+        let max = scores[best] as f64;
+        let exp_sum: f64 = (0..k).filter(|&j| ids[j].is_some()).map(|j| (scores[j] as f64 - max).exp()).sum();
+        let confidence = (1.0 / exp_sum) as f32;
+        if limits.p_min > 0.0 && confidence < limits.p_min {
+            break;
+        }
+        // Candidate weights, shifted by the max so the best weighs 1 and
+        // nothing overflows however small t_draft is.
+        for j in 0..k {
+            weight[j] = match ids[j] {
+                Some(_) if t_draft == 0.0 => (j == best) as u8 as f64,
+                Some(_) => ((scores[j] as f64 - max) / t_draft as f64).exp(),
+                None => 0.0,
+            };
+        }
+        let total: f64 = weight.iter().sum();
+        // q over tokens: duplicates summed (in f64, then rounded once).
+        let mut q_ids: Vec<i32> = Vec::with_capacity(k);
+        let mut mass: Vec<f64> = Vec::with_capacity(k);
+        for j in 0..k {
+            if let (Some(id), true) = (ids[j], weight[j] > 0.0) {
+                match q_ids.iter().position(|&t| t == id) {
+                    Some(m) => mass[m] += weight[j],
+                    None => {
+                        q_ids.push(id);
+                        mass.push(weight[j]);
+                    }
+                }
+            }
+        }
+        let q_probs: Vec<f32> = mass.iter().map(|&m| (m / total) as f32).collect();
+        // Draw the token from the q reported, as rounded, so the verifier
+        // sees exactly the distribution the token came from; f32 underflow
+        // to 0 simply drops a candidate from the support.
+        let (q_ids, q_probs): (Vec<i32>, Vec<f32>) = q_ids.into_iter().zip(q_probs).filter(|e| e.1 > 0.0).unzip();
+        let m = if t_draft == 0.0 {
+            0
+        } else {
+            let q_total: f64 = q_probs.iter().map(|&x| x as f64).sum();
+            draw(q_probs.iter().map(|&x| x as f64).enumerate(), q_total, rng)
+        };
+        let token = q_ids[m];
+        // The candidate to continue from: the one drawn, among duplicates in
+        // proportion to their weights.
+        let dups: Vec<usize> = (0..k).filter(|&j| ids[j] == Some(token) && weight[j] > 0.0).collect();
+        pred = if dups.len() == 1 {
+            dups[0]
+        } else {
+            let w_total: f64 = dups.iter().map(|&j| weight[j]).sum();
+            draw(dups.iter().map(|&j| (j, weight[j])), w_total, rng)
+        };
+        picks.push(SampledPick { token, confidence, q_ids, q_probs });
+    }
+    if t_draft == 0.0 && picks.len() < limits.n_min {
+        picks.clear();
+    }
+    Ok(picks)
 }
 
 #[cfg(test)]
@@ -221,5 +390,245 @@ mod tests {
     fn rows_too_narrow_for_the_lattice_are_refused() {
         assert!(Lattice::new(&[0.0; 22], 11, K).is_none());
         assert!(Lattice::new(&[0.0; 17], N_EMBD, K).is_none());
+    }
+
+    // ---- sampled walk ----------------------------------------------------
+
+    use crate::sampling::{self, STREAM_DRAFT, STREAM_VERIFY};
+
+    fn softmax(s: &[f64], t: f64) -> Vec<f64> {
+        let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| ((x - max) / t).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        e.iter().map(|x| x / sum).collect()
+    }
+
+    /// Same threshold as in `sampling`: TV over m outcomes from n samples
+    /// exceeds it with probability <= 1e-9 (Hoeffding, union over 2^m events).
+    fn tv_threshold(n: usize, m: usize) -> f64 {
+        ((m as f64 + 1.0) * 2f64.ln() + 1e9f64.ln()).sqrt() / (2.0 * n as f64).sqrt()
+    }
+
+    fn sample_walk(lat: &Lattice, n_max: usize, t: f32, rng: &mut Rng) -> Vec<SampledPick> {
+        sampled_walk(lat, limits(n_max), 100, t, rng).unwrap()
+    }
+
+    #[test]
+    fn sampled_q_is_the_tempered_softmax_of_the_previous_picks_row() {
+        let rows = block(&[[10.0, 11.0, 12.0]], &[same([0.5, 1.5, -1.0])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        for t in [0.3f32, 0.8, 1.0, 2.5] {
+            let pick = &sample_walk(&lat, 1, t, &mut Rng::new(1))[0];
+            let want = softmax(&[0.5, 1.5, -1.0], t as f64);
+            assert_eq!(pick.q_ids, vec![10, 11, 12]);
+            for (q, w) in pick.q_probs.iter().zip(&want) {
+                assert!((*q as f64 - w).abs() < 1e-6, "t={t}: {:?} vs {want:?}", pick.q_probs);
+            }
+            assert!((pick.q_probs.iter().map(|&x| x as f64).sum::<f64>() - 1.0).abs() < 1e-6);
+            assert_eq!(pick.q_of(11), pick.q_probs[1]);
+            assert_eq!(pick.q_of(99), 0.0);
+            // the row's confidence is temperature-free: greedy's softmax at the best
+            assert!((pick.confidence as f64 - softmax(&[0.5, 1.5, -1.0], 1.0)[1]).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn sampled_picks_follow_the_q_they_report_given_the_previous_pick() {
+        // Position 1 has a duplicated id (10 twice): the walk continues from
+        // the candidate drawn, so position 2's q depends on which one.
+        let rows = block(
+            &[[10.0, 10.0, 11.0], [20.0, 21.0, 22.0]],
+            &[same([1.0, 0.5, 0.0]), [[3.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0]]],
+        );
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let t = 0.8;
+        let w1 = softmax(&[1.0, 0.5, 0.0], t);
+        let rows2 = [softmax(&[3.0, 0.0, 0.0], t), softmax(&[0.0, 2.0, 0.0], t), softmax(&[0.0, 0.0, 1.0], t)];
+        // exact joint of (token 1, token 2) over the latent candidate index
+        let mut want = [[0.0; 3]; 2]; // [10 or 11][20, 21, 22]
+        for j in 0..3 {
+            for c in 0..3 {
+                want[(j == 2) as usize][c] += w1[j] * rows2[j][c];
+            }
+        }
+        let n = 200_000;
+        let mut counts = [[0usize; 3]; 2];
+        let mut rng = Rng::with_stream(9, STREAM_DRAFT);
+        for _ in 0..n {
+            let picks = sample_walk(&lat, 2, t as f32, &mut rng);
+            assert_eq!(picks.len(), 2);
+            // position 1 reports the merged q: 10 -> w0 + w1
+            assert_eq!(picks[0].q_ids, vec![10, 11]);
+            assert!((picks[0].q_probs[0] as f64 - (w1[0] + w1[1])).abs() < 1e-6);
+            // position 2 reports the row of the candidate drawn
+            let row = rows2.iter().find(|r| (r[0] - picks[1].q_probs[0] as f64).abs() < 1e-6).unwrap();
+            assert!(picks[1].q_probs.iter().zip(row).all(|(a, b)| (*a as f64 - b).abs() < 1e-6));
+            counts[(picks[0].token == 11) as usize][(picks[1].token - 20) as usize] += 1;
+        }
+        let tv: f64 = (0..2)
+            .flat_map(|a| (0..3).map(move |b| (a, b)))
+            .map(|(a, b)| (counts[a][b] as f64 / n as f64 - want[a][b]).abs())
+            .sum::<f64>()
+            / 2.0;
+        assert!(tv < tv_threshold(n, 6), "TV {tv}"); // 6 outcomes: ~0.0080
+    }
+
+    /// End to end on the pure pieces: sampled walk over a lattice with a
+    /// duplicated candidate, verified against a prefix-dependent target, the
+    /// emitted pair (completed by target sampling) matches the target's own.
+    #[test]
+    fn sampled_walk_then_verification_emits_the_target_distribution() {
+        const V: usize = 4;
+        fn target(prefix: &[i32]) -> [f32; V] {
+            match prefix {
+                [] => [0.1, 0.4, 0.2, 0.3],
+                [.., 0] | [.., 1] => [0.5, 0.0, 0.25, 0.25],
+                _ => [0.0, 0.3, 0.3, 0.4],
+            }
+        }
+        let rows = block(
+            &[[1.0, 1.0, 3.0], [0.0, 2.0, 3.0]],
+            &[same([0.8, 0.1, 0.0]), [[2.0, 0.0, 0.0], [0.0, 0.0, 2.0], [0.0, 1.0, 0.0]]],
+        );
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let n = 200_000;
+        let mut draft_rng = Rng::with_stream(3, STREAM_DRAFT);
+        let mut rng = Rng::with_stream(3, STREAM_VERIFY);
+        let mut counts = [0usize; V * V * V];
+        let mut accepted = 0;
+        for _ in 0..n {
+            let picks = sampled_walk(&lat, limits(2), V, 0.9, &mut draft_rng).unwrap();
+            let draft: Vec<i32> = picks.iter().map(|p| p.token).collect();
+            let q: Vec<Dist> = picks.iter().map(|p| p.q()).collect();
+            let ps: Vec<[f32; V]> = (0..=draft.len()).map(|i| target(&draft[..i])).collect();
+            let pd: Vec<Dist> = ps.iter().map(|p| Dist::Dense(p)).collect();
+            let v = sampling::verify(&draft, &q, &pd, V, &mut rng).unwrap();
+            accepted += v.n_accepted;
+            let mut out = v.tokens;
+            while out.len() < 3 {
+                let p = target(&out);
+                out.push(sampling::sample(Dist::Dense(&p), V, &mut rng).unwrap());
+            }
+            counts[out.iter().fold(0, |i, &t| i * V + t as usize)] += 1;
+        }
+        let mut tv = 0.0;
+        for (i, &c) in counts.iter().enumerate() {
+            let seq = [(i / 16) as i32, (i / 4 % 4) as i32, (i % 4) as i32];
+            let want: f64 = (0..3).map(|k| target(&seq[..k])[seq[k] as usize] as f64).product();
+            tv += (c as f64 / n as f64 - want).abs() / 2.0;
+        }
+        assert!(tv < tv_threshold(n, V * V * V), "TV {tv}"); // 64 outcomes: ~0.0128
+        assert!(accepted > 0);
+    }
+
+    #[test]
+    fn seeds_reproduce_and_different_seeds_differ() {
+        let rows = block(&[[1.0, 2.0, 3.0]; 6], &[same([0.0, 0.1, 0.2]); 6]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let run = |seed| {
+            let mut rng = Rng::new(seed);
+            (0..20).flat_map(|_| sample_walk(&lat, 6, 1.0, &mut rng)).map(|p| p.token).collect::<Vec<_>>()
+        };
+        assert_eq!(run(5), run(5));
+        assert_ne!(run(5), run(6));
+    }
+
+    #[test]
+    fn zero_draft_temperature_is_the_greedy_chain_with_a_one_hot_q() {
+        let rows = block(
+            &[[10.0, 11.0, 12.0], [20.0, 21.0, 22.0], [30.0, 31.0, 32.0]],
+            &[same([0.1, 0.9, 0.2]), [[5.0, 0.0, 0.0], [0.0, 0.0, 3.0], [0.0, 9.0, 0.0]], same([1.0, 1.0, 0.5])],
+        );
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let mut rng = Rng::new(0);
+        let before = rng.clone();
+        for l in
+            [limits(8), WalkLimits { n_max: 8, n_min: 4, p_min: 0.0 }, WalkLimits { n_max: 8, n_min: 0, p_min: 0.6 }]
+        {
+            let greedy = greedy_walk_scored(&lat, l, 100);
+            let sampled = sampled_walk(&lat, l, 100, 0.0, &mut rng).unwrap();
+            assert_eq!(
+                greedy.iter().map(|p| p.token).collect::<Vec<_>>(),
+                sampled.iter().map(|p| p.token).collect::<Vec<_>>()
+            );
+            for (g, s) in greedy.iter().zip(&sampled) {
+                assert!((g.confidence - s.confidence).abs() < 1e-6);
+                assert_eq!((s.q_ids.as_slice(), s.q_probs.as_slice()), (&[s.token][..], &[1.0f32][..]));
+            }
+        }
+        assert_eq!(rng, before, "a zero-temperature walk draws no random numbers");
+    }
+
+    #[test]
+    fn duplicates_merge_and_unusable_candidates_get_no_mass() {
+        let rows = block(
+            &[[5.0, 5.0, 500.0], [1.0, 2.0, 3.0], [1.0, 2.0, -1.0]],
+            &[same([0.0, 0.0, 10.0]), same([f32::NAN, f32::INFINITY, 0.0]), same([0.0, 0.0, 0.0])],
+        );
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let picks = sample_walk(&lat, 8, 1.0, &mut Rng::new(2));
+        // 500 is outside the vocabulary: excluded though it scores best
+        assert_eq!((picks[0].token, picks[0].q_ids.clone(), picks[0].q_probs.clone()), (5, vec![5], vec![1.0]));
+        assert_eq!(picks[0].confidence, 0.5); // two usable candidates, equal scores
+        // NaN and +inf scores are excluded
+        assert_eq!((picks[1].token, picks[1].q_probs.clone()), (3, vec![1.0]));
+        // a negative id is excluded, the rest renormalized
+        assert_eq!(picks[2].q_ids, vec![1, 2]);
+        assert!(picks[2].q_probs.iter().all(|&q| (q - 0.5).abs() < 1e-6));
+    }
+
+    #[test]
+    fn rows_without_a_usable_candidate_end_the_walk_without_panicking() {
+        for bad in
+            [[f32::NAN; K], [f32::INFINITY; K], [f32::NEG_INFINITY; K], [f32::NAN, f32::NEG_INFINITY, f32::INFINITY]]
+        {
+            let rows = block(&[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], &[same([0.0, 1.0, 0.0]), same(bad)]);
+            let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+            for t in [0.0, 0.5, 1.0] {
+                assert_eq!(sample_walk(&lat, 8, t, &mut Rng::new(1)).len(), 1);
+            }
+        }
+        let rows = block(&[[-1.0, 1e9, f32::NAN]], &[same([0.0, 1.0, 2.0])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        assert!(sample_walk(&lat, 8, 1.0, &mut Rng::new(1)).is_empty());
+        // extreme but valid temperatures stay finite: argmax-like and uniform
+        let rows = block(&[[1.0, 2.0, 3.0]], &[same([-3e38, 0.0, 3e38])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        assert_eq!(sample_walk(&lat, 1, 1e-30, &mut Rng::new(1))[0].q_probs, vec![1.0]);
+        let flat = &sample_walk(&lat, 1, 3e38, &mut Rng::new(1))[0];
+        assert!(flat.q_probs.iter().all(|q| q.is_finite()) && flat.q_probs.len() >= 2);
+    }
+
+    #[test]
+    fn sampled_limits_p_min_on_the_row_and_n_min_only_without_sampling() {
+        // confident first row, flat second (confidence ~0.356)
+        let rows = block(&[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], &[same([0.0, 10.0, 0.0]), same([1.0, 1.1, 1.0])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        for seed in 0..50 {
+            let walk = |l| sampled_walk(&lat, l, 100, 1.0, &mut Rng::new(seed)).unwrap().len();
+            assert_eq!(walk(WalkLimits { n_max: 8, n_min: 0, p_min: 0.3 }), 2);
+            // stops before position 2 whatever would have been drawn there
+            assert_eq!(walk(WalkLimits { n_max: 8, n_min: 0, p_min: 0.4 }), 1);
+            assert_eq!(walk(WalkLimits { n_max: 1, n_min: 0, p_min: 0.0 }), 1);
+            // n_min does not drop a sampled draft (that would bias it) ...
+            assert_eq!(walk(WalkLimits { n_max: 8, n_min: 2, p_min: 0.4 }), 1);
+        }
+        // ... but does at zero temperature, as greedy
+        let l = WalkLimits { n_max: 8, n_min: 2, p_min: 0.4 };
+        assert!(sampled_walk(&lat, l, 100, 0.0, &mut Rng::new(0)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn temperatures_are_checked_and_the_draft_one_defaults_to_the_requests() {
+        assert_eq!(draft_temperature(0.8, None), Ok(0.8));
+        assert_eq!(draft_temperature(0.8, Some(0.5)), Ok(0.5));
+        assert_eq!(draft_temperature(0.8, Some(0.0)), Ok(0.0));
+        for (r, d) in [(-0.1, None), (f32::NAN, None), (0.8, Some(-1.0)), (0.8, Some(f32::INFINITY))] {
+            let e = draft_temperature(r, d).unwrap_err();
+            assert_eq!(e.status, crate::error::Status::LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+        }
+        let rows = block(&[[1.0, 2.0, 3.0]], &[same([0.0, 1.0, 0.0])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        assert!(sampled_walk(&lat, limits(8), 100, -0.5, &mut Rng::new(0)).unwrap_err().message.contains("-0.5"));
     }
 }
