@@ -308,8 +308,8 @@ fn interleaved_sequences_roll_back_independently() {
     }
     c.decode(&rows);
     rows.clear();
-    for i in 0..5 {
-        rows.extend([(0, cont[i], p + i as i32), (1, cont[i], p + i as i32)]);
+    for (i, &t) in cont[..5].iter().enumerate() {
+        rows.extend([(0, t, p + i as i32), (1, t, p + i as i32)]);
     }
     let l = c.decode(&rows);
     for i in 0..5 {
