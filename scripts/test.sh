@@ -46,6 +46,9 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --release -- -D warnings
 
+step "llama-server with dflash2: patched build (also libmtmd, which the image tests load)"
+server=$(scripts/server.sh build)
+
 step "cargo test (unit, integration, header drift)"
 cargo test --workspace --release
 
@@ -60,8 +63,7 @@ cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFL
 cmake --build "$build/build" -j 2 >/dev/null
 ctest --test-dir "$build/build" --output-on-failure
 
-step "llama-server with dflash2: patched build, end-to-end tests on loopback"
-server=$(scripts/server.sh build)
+step "llama-server with dflash2: end-to-end tests on loopback"
 python3 tests/server/test_server.py --server "$server" --target "$DFLASH2_SMOLLM2" \
     --draft "$build/smollm2-dflash2-generated.gguf" --fixtures "$build/fixtures" --workdir "$root/target/server-tests"
 

@@ -5,8 +5,8 @@
 //! libllama (tests/fixture_vision_probe.c) loads the projector with the text
 //! model, tokenizes a prompt holding `vision-image.png`, encodes the image
 //! (twice: same embeddings), evaluates the chunks with mtmd's helper and
-//! decodes greedily. Without libmtmd those tests print why and pass, unless
-//! DFLASH2_REQUIRE_MTMD is set.
+//! decodes greedily. They fail without libmtmd (built by `scripts/server.sh
+//! build`, which scripts/test.sh runs first).
 //!
 //! Environment: DFLASH2_MTMD_LIB_DIR (folder of libmtmd.so, default
 //! target/server/lib), DFLASH2_LLAMA_SRC (llama.cpp source tree for mtmd.h,
@@ -70,14 +70,10 @@ fn probe() -> Result<&'static Path, String> {
 }
 
 /// Runs the probe on a target; returns its key=value output.
-fn run_probe(target: &Path) -> Option<BTreeMap<String, String>> {
+fn run_probe(target: &Path) -> BTreeMap<String, String> {
     let exe = match probe() {
         Ok(exe) => exe,
-        Err(why) if std::env::var_os("DFLASH2_REQUIRE_MTMD").is_none() => {
-            eprintln!("skipped: {why}");
-            return None;
-        }
-        Err(why) => panic!("{why}"),
+        Err(why) => panic!("{why} (build libmtmd with `scripts/server.sh build`)"),
     };
     let fx = fixtures();
     let out = Command::new(exe).arg(target).arg(&fx.vision_mmproj).arg(&fx.vision_image).output().unwrap();
@@ -101,7 +97,7 @@ fn run_probe(target: &Path) -> Option<BTreeMap<String, String>> {
         }
     }
     eprintln!("probe on {}:\n{stdout}", target.display());
-    Some(kv)
+    kv
 }
 
 fn n_embd_inp(path: &Path) -> u32 {
@@ -131,7 +127,7 @@ fn mmproj_is_a_qwen3vl_projector_as_wide_as_the_targets() {
 }
 
 fn assert_image_prompt_runs(target: &Path) {
-    let Some(a) = run_probe(target) else { return };
+    let a = run_probe(target);
     assert_eq!(a["ok"], "1");
     assert_eq!((a["vision"].as_str(), a["mrope"].as_str()), ("1", "1"), "vision with M-RoPE positions");
     assert_eq!(a["image"], format!("{}x{}", SAMPLE_SIZE.0, SAMPLE_SIZE.1));
@@ -151,7 +147,7 @@ fn assert_image_prompt_runs(target: &Path) {
     assert_eq!(a["n_past"], a["n_pos"]);
     assert_eq!(a["generated"].split(',').count(), 8);
     // a second run gives the same embeddings and the same continuation
-    let b = run_probe(target).unwrap();
+    let b = run_probe(target);
     assert_eq!((&a["embd_sum"], &a["generated"]), (&b["embd_sum"], &b["generated"]));
 }
 
