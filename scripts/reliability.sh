@@ -49,7 +49,7 @@ done
 max_len=$(find "$corpus/checkpoint" -type f -printf '%s\n' | sort -n | tail -1)
 
 cd fuzz
-cargo +nightly fuzz build --release "${targets[@]}" >&2 2>&1 | tail -2 >&2
+cargo +nightly fuzz build --release 2>&1 | tail -2 >&2
 if [ ! -d "$corpus/state_blob" ] || [ -z "$(ls -A "$corpus/state_blob" 2>/dev/null)" ]; then
     DFLASH2_FUZZ_WRITE_SEEDS="$corpus/state_blob" cargo +nightly fuzz run --release state_blob -- -runs=1 >/dev/null 2>&1
 fi

@@ -182,7 +182,7 @@ impl Host {
     pub fn new() -> Host {
         let p = pair();
         let target = Target::new(p.model, N_SEQ as u32);
-        let mut params = unsafe { llama_spec_dflash2_default_params() };
+        let mut params = llama_spec_dflash2_default_params();
         params.n_seq = N_SEQ as u32;
         params.n_threads = 1;
         params.n_threads_batch = 1;
