@@ -18,6 +18,7 @@ pub mod selector;
 /// cbindgen:ignore
 #[doc(hidden)]
 pub mod sys;
+pub mod tree;
 
 pub use error::{Error, Result, Status};
 pub use params::llama_spec_dflash2_params;

@@ -109,7 +109,7 @@ pub enum Dist<'a> {
 
 /// A checked distribution, normalized to sum 1 (in f64).
 #[derive(Clone, Debug)]
-enum Checked<'a> {
+pub(crate) enum Checked<'a> {
     /// p(id) = probs[id] * scale; not copied, a vocabulary can be large.
     Dense { probs: &'a [f32], scale: f64 },
     /// Distinct ids, sorted, with their probabilities (zeros dropped).
@@ -133,7 +133,7 @@ fn normalizer(sum: f64, what: &str) -> Result<f64> {
 }
 
 impl<'a> Checked<'a> {
-    fn new(d: Dist<'a>, n_vocab: usize, what: &str) -> Result<Checked<'a>> {
+    pub(crate) fn new(d: Dist<'a>, n_vocab: usize, what: &str) -> Result<Checked<'a>> {
         match d {
             Dist::Dense(probs) => {
                 if probs.len() != n_vocab || n_vocab == 0 {
@@ -184,7 +184,7 @@ impl<'a> Checked<'a> {
     }
 
     /// Probability of `token` (0 outside the support).
-    fn prob(&self, token: i32) -> f64 {
+    pub(crate) fn prob(&self, token: i32) -> f64 {
         match self {
             Checked::Dense { probs, scale } => {
                 usize::try_from(token).ok().and_then(|t| probs.get(t)).map_or(0.0, |&x| x as f64 * scale)
@@ -194,7 +194,7 @@ impl<'a> Checked<'a> {
     }
 
     /// (id, probability) for every id that may have mass, in id order.
-    fn entries(&self) -> Box<dyn Iterator<Item = (i32, f64)> + '_> {
+    pub(crate) fn entries(&self) -> Box<dyn Iterator<Item = (i32, f64)> + '_> {
         match self {
             Checked::Dense { probs, scale } => {
                 Box::new(probs.iter().enumerate().map(move |(i, &x)| (i as i32, x as f64 * scale)))

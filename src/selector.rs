@@ -64,7 +64,7 @@ impl<'a> Lattice<'a> {
 
 /// Index of the first maximum, with C++'s `std::max_element` semantics (a NaN
 /// never replaces the running maximum, and one in front stays).
-fn first_max(s: &[f32]) -> usize {
+pub(crate) fn first_max(s: &[f32]) -> usize {
     let mut best = 0;
     for j in 1..s.len() {
         if s[best] < s[j] {
@@ -176,7 +176,7 @@ impl SampledPick {
 }
 
 /// The candidate id at `j` if it is a vocabulary id and its score is finite.
-fn usable(lattice: &Lattice, p: usize, scores: &[f32], j: usize, n_vocab: usize) -> Option<i32> {
+pub(crate) fn usable(lattice: &Lattice, p: usize, scores: &[f32], j: usize, n_vocab: usize) -> Option<i32> {
     let id = lattice.candidates(p)[j];
     (id >= 0.0 && (id as usize) < n_vocab && scores[j].is_finite()).then_some(id as i32)
 }
