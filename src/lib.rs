@@ -13,11 +13,14 @@ pub mod ffi;
 pub(crate) mod log;
 pub mod params;
 pub mod positions;
+/// cbindgen:ignore
 pub mod sampling;
+/// cbindgen:ignore
 pub mod selector;
 /// cbindgen:ignore
 #[doc(hidden)]
 pub mod sys;
+/// cbindgen:ignore
 pub mod tree;
 
 pub use error::{Error, Result, Status};
