@@ -8,6 +8,7 @@
 #include "llama.h"
 #include "llama-ext.h"
 
+#include <cstddef>
 #include <cstdint>
 
 extern "C" {
@@ -22,14 +23,6 @@ void dflash2_shim_set_embeddings_nextn(llama_context * ctx, bool value, bool mas
 float * dflash2_shim_get_embeddings_nextn(llama_context * ctx) {
     try {
         return llama_get_embeddings_nextn(ctx);
-    } catch (...) {
-        return nullptr;
-    }
-}
-
-float * dflash2_shim_get_embeddings_nextn_ith(llama_context * ctx, int32_t i) {
-    try {
-        return llama_get_embeddings_nextn_ith(ctx, i);
     } catch (...) {
         return nullptr;
     }
@@ -50,35 +43,11 @@ float * dflash2_shim_get_embeddings_layer_inp(llama_context * ctx, uint32_t lid)
     }
 }
 
-llama_context * dflash2_shim_get_ctx_other(llama_context * ctx) {
-    try {
-        return llama_get_ctx_other(ctx);
-    } catch (...) {
-        return nullptr;
-    }
-}
-
 int32_t dflash2_shim_model_dflash_selector_top_k(const llama_model * model) {
     try {
         return llama_model_dflash_selector_top_k(model);
     } catch (...) {
         return -1;
-    }
-}
-
-const int32_t * dflash2_shim_model_target_layer_ids(const llama_model * model) {
-    try {
-        return llama_model_target_layer_ids(model);
-    } catch (...) {
-        return nullptr;
-    }
-}
-
-uint32_t dflash2_shim_model_target_layer_ids_n(const llama_model * model) {
-    try {
-        return llama_model_target_layer_ids_n(model);
-    } catch (...) {
-        return 0;
     }
 }
 
@@ -95,6 +64,24 @@ ggml_backend_dev_t dflash2_shim_model_get_device(const llama_model * model, int3
         return llama_model_get_device(model, i);
     } catch (...) {
         return nullptr;
+    }
+}
+
+// Bytes the context holds over all buffer types: its model's weights, its
+// memory (KV cache) and its compute buffers, as llama_get_memory_breakdown
+// reports them. False when libllama throws.
+bool dflash2_shim_memory_breakdown(const llama_context * ctx, size_t * model, size_t * context, size_t * compute) {
+    try {
+        *model = *context = *compute = 0;
+        for (const auto & [buft, mb] : llama_get_memory_breakdown(ctx)) {
+            (void) buft;
+            *model += mb.model;
+            *context += mb.context;
+            *compute += mb.compute;
+        }
+        return true;
+    } catch (...) {
+        return false;
     }
 }
 

@@ -12,19 +12,25 @@
 #include <stdint.h>
 #include "llama.h"
 
-// Draft positions tracked per position in the statistics.
-#define LLAMA_SPEC_DFLASH2_MAX_DRAFT 64
+// Version of the C API in this header. It changes whenever a function or a
+// struct of dflash2.h changes incompatibly; compare it with
+// `llama_spec_dflash2_api_version()` to detect a header/library mismatch.
+// 2: llama_spec_dflash2_stats gained n_verify_steps and tau; a skipped
+// accept() is an error; llama_spec_dflash2_verify_greedy and
+// llama_spec_dflash2_estimate_memory.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 2
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
 
-// Version of the C API in this header. It changes whenever a function or a
-// struct of dflash2.h changes incompatibly; compare it with
-// `llama_spec_dflash2_api_version()` to detect a header/library mismatch.
-#define LLAMA_SPEC_DFLASH2_API_VERSION 1
-
 // Most sequences one engine serves (n_seq); libllama's own limit is 256.
 #define LLAMA_SPEC_DFLASH2_MAX_SEQUENCES 256
+
+// Most tokens one draft ever has: an engine's n_max (params.n_max, the block
+// size less one, `llama_spec_dflash2_n_max()`) never exceeds it, and the
+// statistics track acceptance at this many draft positions. A host's verify
+// batch needs n_max + 1 rows per sequence (the anchor, then the draft).
+#define LLAMA_SPEC_DFLASH2_MAX_DRAFT 64
 
 // Result of every fallible `llama_spec_dflash2_*` call: 0 on success, negative
 // on error. The message of the last error on the calling thread is returned by
@@ -82,6 +88,49 @@ enum llama_spec_dflash2_image_rows {
 // A DFlash2 engine bound to one target context (opaque).
 struct llama_spec_dflash2;
 
+// Configuration of a DFlash2 engine. Get it from
+// `llama_spec_dflash2_default_params()`, change fields, pass it by value.
+struct llama_spec_dflash2_params {
+  // Target sequences the engine serves: sequence ids 0 .. n_seq-1 (default 1).
+  uint32_t n_seq;
+  // Most tokens drafted per step. -1 (default) = block_size-1; a larger value
+  // is clamped to block_size-1 with a logged warning. Never more than
+  // LLAMA_SPEC_DFLASH2_MAX_DRAFT.
+  int32_t n_max;
+  // A draft shorter than this is dropped (the step drafts nothing). Default 0.
+  int32_t n_min;
+  // Stop the walk before a token whose lattice softmax (over the top-k scores
+  // at that position) is below p_min; 0 disables. Same semantics as upstream
+  // DFlash2, so not comparable with a vocabulary probability. Default 0.
+  float p_min;
+  // Noise block size (anchor + masks). 0 (default) = the drafter's trained
+  // block size; smaller is allowed, larger is an error.
+  int32_t block_size;
+  // Lattice walk, an `enum llama_spec_dflash2_walk` value (default greedy).
+  // Plain int32_t so that an out-of-range value from C is an error, not UB.
+  int32_t walk;
+  // M-RoPE image rows, an `enum llama_spec_dflash2_image_rows` value:
+  // inject at dense positions (default) or skip.
+  int32_t image_rows;
+  // NULL-terminated list of devices for the drafter. NULL (default) = the
+  // devices that hold the target's output head and token embeddings.
+  ggml_backend_dev_t *devices;
+  // Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all, default).
+  int32_t n_gpu_layers;
+  // Draft KV cache types as `enum ggml_type` values; -1 (default) = F16.
+  int32_t type_k;
+  int32_t type_v;
+  // Physical batch of the draft context. 0 (default) = large enough for one
+  // block of every sequence and for prompt injection.
+  uint32_t n_ubatch;
+  // Draft threads; 0 (default) = the target context's.
+  int32_t n_threads;
+  int32_t n_threads_batch;
+  // Weight repacking (extra buffer types) for the drafter. Off by default:
+  // ggml's AMX repack path segfaults on some CPUs.
+  bool use_extra_bufts;
+};
+
 // What a DFlash2 drafter checkpoint declares, filled by
 // `llama_spec_dflash2_checkpoint_check()`.
 struct llama_spec_dflash2_checkpoint_info {
@@ -123,48 +172,6 @@ struct llama_spec_dflash2_checkpoint_info {
   bool own_head;
 };
 
-// Configuration of a DFlash2 engine. Get it from
-// `llama_spec_dflash2_default_params()`, change fields, pass it by value.
-struct llama_spec_dflash2_params {
-  // Target sequences the engine serves: sequence ids 0 .. n_seq-1 (default 1).
-  uint32_t n_seq;
-  // Most tokens drafted per step. -1 (default) = block_size-1; a larger value
-  // is clamped to block_size-1 with a logged warning.
-  int32_t n_max;
-  // A draft shorter than this is dropped (the step drafts nothing). Default 0.
-  int32_t n_min;
-  // Stop the walk before a token whose lattice softmax (over the top-k scores
-  // at that position) is below p_min; 0 disables. Same semantics as upstream
-  // DFlash2, so not comparable with a vocabulary probability. Default 0.
-  float p_min;
-  // Noise block size (anchor + masks). 0 (default) = the drafter's trained
-  // block size; smaller is allowed, larger is an error.
-  int32_t block_size;
-  // Lattice walk, an `enum llama_spec_dflash2_walk` value (default greedy).
-  // Plain int32_t so that an out-of-range value from C is an error, not UB.
-  int32_t walk;
-  // M-RoPE image rows, an `enum llama_spec_dflash2_image_rows` value:
-  // inject at dense positions (default) or skip.
-  int32_t image_rows;
-  // NULL-terminated list of devices for the drafter. NULL (default) = the
-  // devices that hold the target's output head and token embeddings.
-  ggml_backend_dev_t *devices;
-  // Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all, default).
-  int32_t n_gpu_layers;
-  // Draft KV cache types as `enum ggml_type` values; -1 (default) = F16.
-  int32_t type_k;
-  int32_t type_v;
-  // Physical batch of the draft context. 0 (default) = large enough for one
-  // block of every sequence and for prompt injection.
-  uint32_t n_ubatch;
-  // Draft threads; 0 (default) = the target context's.
-  int32_t n_threads;
-  int32_t n_threads_batch;
-  // Weight repacking (extra buffer types) for the drafter. Off by default:
-  // ggml's AMX repack path segfaults on some CPUs.
-  bool use_extra_bufts;
-};
-
 // One row of the batch the target just decoded.
 struct llama_spec_dflash2_row {
   // Index of the row in the target batch: the row of its captured layer inputs.
@@ -187,7 +194,28 @@ struct llama_spec_dflash2_draft_request {
   int32_t n_max;
 };
 
+// What the engine holds for one sequence.
+struct llama_spec_dflash2_seq_info {
+  // Rows in the draft KV.
+  int32_t n_in_kv;
+  // Committed rows waiting for injection (done by the next process() or draft()).
+  int32_t n_queued;
+  // Verify rows held until accept().
+  int32_t n_held;
+  // Tokens of the draft awaiting accept(), or -1 when none.
+  int32_t n_outstanding;
+  // Draft position the next row (or noise block) takes.
+  int32_t next_draft_pos;
+  // Target position of the newest committed row, or -1.
+  int32_t last_target_pos;
+  // Lowest and highest draft positions of the sequence in the draft KV (-1 when empty),
+  // as libllama reports them.
+  int32_t kv_pos_min;
+  int32_t kv_pos_max;
+};
+
 // What an engine has done since it was created or its statistics were reset.
+// Fields are only ever appended (API version 2 added n_verify_steps and tau).
 struct llama_spec_dflash2_stats {
   // draft() calls.
   uint64_t n_draft_calls;
@@ -195,7 +223,7 @@ struct llama_spec_dflash2_stats {
   uint64_t n_drafts;
   // Tokens proposed.
   uint64_t n_drafted;
-  // accept() calls.
+  // accept() calls (llama_spec_dflash2_verify_greedy included).
   uint64_t n_accept_calls;
   // Drafted tokens the host accepted.
   uint64_t n_accepted;
@@ -219,249 +247,17 @@ struct llama_spec_dflash2_stats {
   uint64_t t_draft_us;
   // Microseconds walking the selector lattice.
   uint64_t t_walk_us;
-};
-
-// What the engine holds for one sequence.
-struct llama_spec_dflash2_seq_info {
-  // Rows in the draft KV.
-  int32_t n_in_kv;
-  // Committed rows waiting for injection (done by the next process() or draft()).
-  int32_t n_queued;
-  // Verify rows held until accept().
-  int32_t n_held;
-  // Tokens of the draft awaiting accept(), or -1 when none.
-  int32_t n_outstanding;
-  // Draft position the next row (or noise block) takes.
-  int32_t next_draft_pos;
-  // Target position of the newest committed row, or -1.
-  int32_t last_target_pos;
-  // Lowest and highest draft positions of the sequence in the draft KV (-1 when empty),
-  // as libllama reports them.
-  int32_t kv_pos_min;
-  int32_t kv_pos_max;
+  // Verify steps: accept() calls that closed a draft of at least one token
+  // (an accept(seq, 0) of a 0-token draft, or skipping it, counts none).
+  uint64_t n_verify_steps;
+  // Mean tokens per verify step, the bonus token included:
+  // (n_accepted + n_verify_steps) / n_verify_steps; 0 before the first step.
+  double tau;
 };
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-// Validates a DFlash2 drafter GGUF without loading it: architecture `dflash`,
-// every required key with its type, every tensor present with the shape the
-// keys imply and none that libllama would not claim, the mask token inside the
-// vocabulary. Truncated, corrupt or hostile files give an error, never a crash.
-//
-// With `model_tgt` (may be NULL) it also checks the drafter against that
-// target: same n_embd and vocabulary, tap layers the target's architecture can
-// capture. `info` (may be NULL) receives what the checkpoint declares.
-//
-// Returns 0, or LLAMA_SPEC_DFLASH2_ERR_IO / _BAD_CHECKPOINT / _INCOMPATIBLE /
-// _UNSUPPORTED / _NULL_ARGUMENT with the reason in llama_spec_dflash2_last_error().
-// `info` is written only on success.
-//
-// # Safety
-// `path_draft` must be NULL or a NUL-terminated string, `model_tgt` NULL or a
-// live model, `info` NULL or writable.
-int32_t llama_spec_dflash2_checkpoint_check(const char *path_draft,
-                                            const struct llama_model *model_tgt,
-                                            struct llama_spec_dflash2_checkpoint_info *info);
-
-// True when `path` is a GGUF with architecture `dflash` and a DFlash2 selector.
-// Reads the header only (no full validation, no load); false for NULL, missing
-// or unreadable files.
-//
-// # Safety
-// `path` must be NULL or a NUL-terminated string.
-bool llama_spec_dflash2_is_dflash2(const char *path);
-
-// Creates a DFlash2 engine for the host's target context: checks the drafter
-// (llama_spec_dflash2_checkpoint_check against the target), loads it on the
-// target's devices (or params.devices), creates its context (ctx_other = ctx_tgt)
-// and turns on capture of the drafter's tap layers on the target.
-//
-// The target context must outlive the engine. Returns NULL on failure, with the
-// reason in llama_spec_dflash2_last_error(); nothing is changed on the target then.
-//
-// # Safety
-// `ctx_tgt` must be NULL or a live context, `path_draft` NULL or a NUL-terminated
-// string, `params.devices` NULL or a NULL-terminated array.
-struct llama_spec_dflash2 *llama_spec_dflash2_init(struct llama_context *ctx_tgt,
-                                                   const char *path_draft,
-                                                   struct llama_spec_dflash2_params params);
-
-// Frees an engine (NULL is ignored): the draft context and model, and the tap
-// capture it turned on in the target context.
-//
-// # Safety
-// `spec` must be NULL or a handle from llama_spec_dflash2_init, not used afterwards.
-void llama_spec_dflash2_free(struct llama_spec_dflash2 *spec);
-
-// Feeds the rows the target just decoded (call after every successful target
-// decode, image sub-batches included). Reads their tap features from the target
-// context. Rows of a sequence with a draft awaiting accept() are held; the
-// others are committed at the sequence's next dense draft positions and
-// injected into the draft KV before the call returns once 64 or more rows wait
-// (prompt chunks), else by the next draft call, with every sequence's rows in
-// one decode.
-//
-// Returns 0, or _NULL_ARGUMENT / _INVALID_ARGUMENT (bad row index or position) /
-// _UNKNOWN_SEQUENCE / _INVALID_STATE (no target decode yet) / _BACKEND. A row
-// error is found before anything changes.
-//
-// # Safety
-// `spec` NULL or live; `rows` readable for `n_rows` entries.
-int32_t llama_spec_dflash2_process(struct llama_spec_dflash2 *spec,
-                                   const struct llama_spec_dflash2_row *rows,
-                                   int32_t n_rows);
-
-// llama_spec_dflash2_process for a legacy llama_batch the host just decoded:
-// one row per token and sequence id; `batch.pos` must be set (for M-RoPE its
-// first n_tokens entries are the temporal positions); a batch with `embd` is
-// treated as embedding rows.
-//
-// # Safety
-// `spec` NULL or live; the batch arrays readable for `batch.n_tokens` entries.
-int32_t llama_spec_dflash2_process_batch(struct llama_spec_dflash2 *spec, llama_batch batch);
-
-// Drafts for `n_requests` sequences with one noise-block decode (after one
-// injection decode for any rows still waiting). `tokens` receives the drafts
-// concatenated in request order; `n_drafted[i]` the length of request i's draft
-// (0 when the walk stopped before its first token, or below n_min).
-// `n_tokens_max` must hold the sum of the requests' n_max (capped at the
-// engine's n_max), else _BUFFER_TOO_SMALL and nothing changes.
-//
-// Every requested sequence then has a draft awaiting accept(); the rows the
-// host decodes for it next (the verify batch: id_last, then the draft) are held
-// until then. A previous draft never accepted is taken as fully kept.
-//
-// # Safety
-// `spec` NULL or live; `requests` readable for `n_requests`; `tokens` writable
-// for `n_tokens_max`; `n_drafted` writable for `n_requests`.
-int32_t llama_spec_dflash2_draft(struct llama_spec_dflash2 *spec,
-                                 const struct llama_spec_dflash2_draft_request *requests,
-                                 int32_t n_requests,
-                                 int32_t *tokens,
-                                 int32_t n_tokens_max,
-                                 int32_t *n_drafted);
-
-// The host verified the last draft of `seq_id` and kept its first `n_accepted`
-// tokens (0 ..= draft length). The anchor row and the accepted rows of the
-// verify batch enter the draft KV; the rejected rows never do.
-// Returns 0, or _INVALID_STATE (no draft, or the verify rows were not passed to
-// process()) / _INVALID_ARGUMENT (n_accepted out of range) / _UNKNOWN_SEQUENCE.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_accept(struct llama_spec_dflash2 *spec,
-                                  int32_t seq_id,
-                                  int32_t n_accepted);
-
-// Mirrors llama_memory_seq_rm on the target: removes the rows at target
-// positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every
-// sequence). Rows after a removed span keep dense draft positions.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_seq_rm(struct llama_spec_dflash2 *spec,
-                                  int32_t seq_id,
-                                  int32_t p0,
-                                  int32_t p1);
-
-// Mirrors llama_memory_seq_cp on the target: `dst` becomes a copy of the rows
-// of `src` at target positions [p0, p1); what `dst` held is replaced.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_seq_cp(struct llama_spec_dflash2 *spec,
-                                  int32_t seq_id_src,
-                                  int32_t seq_id_dst,
-                                  int32_t p0,
-                                  int32_t p1);
-
-// Mirrors llama_memory_seq_add on the target (context shift, cache reuse): the
-// rows at target positions [p0, p1) now sit at position + delta. The draft KV
-// is unchanged: its positions are dense and do not follow the target's.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_seq_shift(struct llama_spec_dflash2 *spec,
-                                     int32_t seq_id,
-                                     int32_t p0,
-                                     int32_t p1,
-                                     int32_t delta);
-
-// Forgets a sequence entirely, a draft awaiting accept() included (seq_id < 0:
-// every sequence).
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_seq_clear(struct llama_spec_dflash2 *spec, int32_t seq_id);
-
-// Size in bytes of the state blob of `seq_id` (its draft KV cells, position map
-// and queued rows; grows with the sequence, not with the context).
-// Returns 0, or _INVALID_STATE when verify rows await accept().
-//
-// # Safety
-// `spec` NULL or live; `size` writable.
-int32_t llama_spec_dflash2_state_size(struct llama_spec_dflash2 *spec,
-                                      int32_t seq_id,
-                                      size_t *size);
-
-// Writes the state blob of `seq_id` into `dst` (capacity `dst_size`); `written`
-// receives its length. _BUFFER_TOO_SMALL when it does not fit.
-//
-// # Safety
-// `spec` NULL or live; `dst` writable for `dst_size` bytes; `written` writable.
-int32_t llama_spec_dflash2_state_get(struct llama_spec_dflash2 *spec,
-                                     int32_t seq_id,
-                                     uint8_t *dst,
-                                     size_t dst_size,
-                                     size_t *written);
-
-// Replaces the state of `seq_id` with a blob from llama_spec_dflash2_state_get
-// (this engine or another with the same drafter). A blob from another drafter or
-// a corrupt one is refused before anything changes; if libllama then fails to
-// load the KV, the sequence is left empty.
-//
-// # Safety
-// `spec` NULL or live; `src` readable for `size` bytes.
-int32_t llama_spec_dflash2_state_set(struct llama_spec_dflash2 *spec,
-                                     int32_t seq_id,
-                                     const uint8_t *src,
-                                     size_t size);
-
-// Most tokens one draft proposes, after the block-size clamps (> 0), or a
-// negative status.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_n_max(struct llama_spec_dflash2 *spec);
-
-// Noise block width in use (anchor + masks), or a negative status.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_block_size(struct llama_spec_dflash2 *spec);
-
-// Copies the engine's statistics into `stats`.
-//
-// # Safety
-// `spec` NULL or live; `stats` writable.
-int32_t llama_spec_dflash2_get_stats(struct llama_spec_dflash2 *spec,
-                                     struct llama_spec_dflash2_stats *stats);
-
-// Zeroes the engine's statistics.
-//
-// # Safety
-// `spec` NULL or live.
-int32_t llama_spec_dflash2_reset_stats(struct llama_spec_dflash2 *spec);
-
-// What the engine holds for `seq_id` (for checks and debugging).
-//
-// # Safety
-// `spec` NULL or live; `info` writable.
-int32_t llama_spec_dflash2_seq_info(struct llama_spec_dflash2 *spec,
-                                    int32_t seq_id,
-                                    struct llama_spec_dflash2_seq_info *info);
 
 // The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 // of the header it was built with).
@@ -473,11 +269,9 @@ const char *llama_spec_dflash2_version(void);
 // Default engine parameters; change fields, then pass the struct by value.
 struct llama_spec_dflash2_params llama_spec_dflash2_default_params(void);
 
-// Checks the fields of `params` that do not depend on a drafter.
-// Returns 0, or a negative status with the reason in llama_spec_dflash2_last_error().
-//
-// # Safety
-// `params` must be NULL or point to a params struct.
+// Checks the fields of `*params` that do not depend on a drafter.
+// Returns 0, or a negative status with the reason (naming the field) in
+// llama_spec_dflash2_last_error().
 int32_t llama_spec_dflash2_params_check(const struct llama_spec_dflash2_params *params);
 
 // Message of the last error on the calling thread ("" when the thread's last
@@ -490,8 +284,242 @@ const char *llama_spec_dflash2_last_error(void);
 const char *llama_spec_dflash2_status_name(int32_t status);
 
 // Routes dflash2's log messages (warnings such as an n_max clamp, engine
-// creation) to `log_callback`, like llama_log_set; NULL restores stderr.
+// creation) to `log_callback`, like llama_log_set; NULL restores stderr. The
+// callback and `user_data` must stay usable from any thread that calls dflash2.
 void llama_spec_dflash2_log_set(ggml_log_callback log_callback, void *user_data);
+
+// Validates a DFlash2 drafter GGUF without loading it: architecture `dflash`,
+// every required key with its type, every tensor present with the shape the
+// keys imply and none that libllama would not claim, the mask token inside the
+// vocabulary. Truncated, corrupt or hostile files give an error, never a crash.
+//
+// `path_draft` is a NUL-terminated path. With `model_tgt` (NULL allowed) it
+// also checks the drafter against that target: same n_embd and vocabulary,
+// tap layers the target's architecture can capture. `info` (NULL allowed)
+// receives what the checkpoint declares, on success only.
+//
+// Returns 0, or LLAMA_SPEC_DFLASH2_ERR_IO / _BAD_CHECKPOINT / _INCOMPATIBLE /
+// _UNSUPPORTED / _NULL_ARGUMENT with the reason in llama_spec_dflash2_last_error().
+int32_t llama_spec_dflash2_checkpoint_check(const char *path_draft,
+                                            const struct llama_model *model_tgt,
+                                            struct llama_spec_dflash2_checkpoint_info *info);
+
+// True when `path` (a NUL-terminated path) is a GGUF with architecture
+// `dflash` and a DFlash2 selector. Reads the header only (no full validation,
+// no load); false for NULL, missing or unreadable files.
+bool llama_spec_dflash2_is_dflash2(const char *path);
+
+// Writes to `*bytes` an estimate of the memory llama_spec_dflash2_init will
+// allocate for the drafter at `path_draft` (a NUL-terminated path) next to
+// the target `model_tgt`, with these `params`, for a target context of
+// `n_ctx_seq` cells per sequence (llama_n_ctx_seq of the target context). The
+// drafter goes on the target's devices (or params.devices); the bytes are the
+// total over them of three parts.
+//
+// Weights: the drafter's tensor data, exactly (llama_model_size once loaded);
+// tensors it reads from the target stay the target's.
+//
+// Draft KV, exactly: every layer's K and V rows (n_head_kv x head_dim values
+// in type_k / type_v, F16 by default) for params.n_seq streams of
+// n_ctx_seq + block_size cells each, rounded up to 256 cells as libllama does.
+//
+// Compute buffers, estimated from above: per row of one ubatch (n_ubatch,
+// 512 by default) the head's logits in f32, the row's tap features and their
+// projection in f32 and the F16 attention mask over one stream; a quantized
+// KV type adds an F16 copy of one layer's K and V. libllama's allocator reuses
+// buffers between graph nodes, so it allocates up to about 15% less.
+//
+// The host's own target KV and compute buffers are not included. Checks the
+// file and the params as llama_spec_dflash2_init would (same errors), without
+// loading anything. Returns 0, or a negative status with the reason in
+// llama_spec_dflash2_last_error(); `*bytes` is written on success only.
+int32_t llama_spec_dflash2_estimate_memory(const struct llama_model *model_tgt,
+                                           const char *path_draft,
+                                           struct llama_spec_dflash2_params params,
+                                           uint32_t n_ctx_seq,
+                                           size_t *bytes);
+
+// Creates a DFlash2 engine for the host's target context: checks the drafter
+// (llama_spec_dflash2_checkpoint_check against the target), loads it on the
+// target's devices (or params.devices), creates its context (ctx_other = ctx_tgt)
+// and turns on capture of the drafter's tap layers on the target.
+//
+// `ctx_tgt` must be a live context that outlives the engine; `path_draft` a
+// NUL-terminated path; `params.devices` NULL or a NULL-terminated array.
+// Returns NULL on failure, with the reason in llama_spec_dflash2_last_error();
+// nothing is changed on the target then.
+struct llama_spec_dflash2 *llama_spec_dflash2_init(struct llama_context *ctx_tgt,
+                                                   const char *path_draft,
+                                                   struct llama_spec_dflash2_params params);
+
+// Frees an engine (NULL is ignored): the draft context and model, and the tap
+// capture it turned on in the target context. `spec` must not be used afterwards.
+void llama_spec_dflash2_free(struct llama_spec_dflash2 *spec);
+
+// Feeds the rows the target just decoded (call after every successful target
+// decode, image sub-batches included); `rows` points to `n_rows` entries.
+// Reads their tap features from the target context. Rows of a sequence with a
+// draft awaiting accept() are held (at most the draft's length + 1: its verify
+// rows); the others are committed at the sequence's next dense draft positions
+// and injected into the draft KV before the call returns once 64 or more rows
+// wait (prompt chunks), else by the next draft call, with every sequence's
+// rows in one decode.
+//
+// Returns 0, or _NULL_ARGUMENT / _INVALID_ARGUMENT (bad row index or position) /
+// _UNKNOWN_SEQUENCE / _BACKEND, or _INVALID_STATE when the call order is wrong:
+// no target decode yet; more rows for a sequence than its outstanding draft's
+// verify batch (the host skipped accept()); a row whose position is below the
+// sequence's newest row (positions may repeat, as for M-RoPE image rows, but
+// not go back without llama_spec_dflash2_seq_rm). Any error is found before
+// anything changes.
+int32_t llama_spec_dflash2_process(struct llama_spec_dflash2 *spec,
+                                   const struct llama_spec_dflash2_row *rows,
+                                   int32_t n_rows);
+
+// llama_spec_dflash2_process for a legacy llama_batch the host just decoded:
+// one row per token and sequence id; `batch.pos` must be set (for M-RoPE its
+// first n_tokens entries are the temporal positions); a batch with `embd` is
+// treated as embedding rows. The batch's arrays must hold `batch.n_tokens`
+// entries, as llama_decode reads them.
+int32_t llama_spec_dflash2_process_batch(struct llama_spec_dflash2 *spec, llama_batch batch);
+
+// Drafts for `n_requests` sequences (`requests` points to that many) with one
+// noise-block decode (after one injection decode for any rows still waiting).
+// `tokens` (room for `n_tokens_max`) receives the drafts concatenated in
+// request order; `n_drafted` (room for `n_requests`) the length of each
+// request's draft: 0 when the walk stopped before its first token, or below
+// n_min. `n_tokens_max` must hold the sum of the requests' n_max (capped at
+// the engine's n_max), else _BUFFER_TOO_SMALL and nothing changes.
+//
+// Every requested sequence then has a draft awaiting accept(); the rows the
+// host decodes for it next (the verify batch: id_last, then the draft) are held
+// until then. A draft of 0 tokens needs no accept(): the host may call
+// accept(seq, 0) or go on to its next draft. A sequence whose previous draft
+// of one token or more was never accepted is refused with _INVALID_STATE, and
+// nothing changes: call llama_spec_dflash2_accept (or seq_clear / a seq_rm
+// from the draft's anchor on, which drop the draft).
+int32_t llama_spec_dflash2_draft(struct llama_spec_dflash2 *spec,
+                                 const struct llama_spec_dflash2_draft_request *requests,
+                                 int32_t n_requests,
+                                 int32_t *tokens,
+                                 int32_t n_tokens_max,
+                                 int32_t *n_drafted);
+
+// The host verified the last draft of `seq_id` and kept its first `n_accepted`
+// tokens (0 to the draft length). The anchor row and the accepted rows of the
+// verify batch enter the draft KV; the rejected rows never do. The host still
+// removes the rejected rows from its target's memory
+// (llama_memory_seq_rm(mem, seq_id, n_past + n_accepted + 1, -1)); repeating
+// that seq_rm on the engine afterwards is harmless. A draft of 0 tokens held
+// no rows: accept(seq_id, 0) closes it, and skipping it is allowed too.
+// Returns 0, or _INVALID_STATE (no draft, or the verify rows were not passed to
+// process()) / _INVALID_ARGUMENT (n_accepted out of range) / _UNKNOWN_SEQUENCE.
+int32_t llama_spec_dflash2_accept(struct llama_spec_dflash2 *spec,
+                                  int32_t seq_id,
+                                  int32_t n_accepted);
+
+// Greedy verification and accept() in one call, for a host that samples the
+// target greedily. After the verify batch was decoded and passed to
+// process(), reads the target's logits at rows `i_batch[0 .. n_rows)` of that
+// decode (each row must have asked for logits): row 0 is id_last's row, row
+// k the row of drafted token k, so n_rows is the draft's length + 1 (1 for a
+// draft of 0 tokens). It takes the argmax of each row (first maximum), keeps
+// the drafted tokens while each equals the argmax of the row before it, and
+// accepts them.
+//
+// `emitted` (room for `n_emitted_max` >= n_rows tokens) receives what the
+// host emits this step: the n accepted drafted tokens, then the target's token
+// at the first mismatch (or after the whole draft); `*n_emitted` = n + 1. The
+// last of them is the next step's id_last. The host still trims its target's
+// memory to the rows it keeps (id_last's and the n accepted ones):
+// llama_memory_seq_rm(mem, seq_id, n_past + *n_emitted, -1), where n_past is
+// id_last's position.
+//
+// Returns 0, or _INVALID_STATE (no draft awaiting accept, or its verify rows
+// not passed to process()) / _INVALID_ARGUMENT (n_rows is not the draft's
+// length plus one, a row is outside the batch or has no logits) /
+// _BUFFER_TOO_SMALL / _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing changes then.
+int32_t llama_spec_dflash2_verify_greedy(struct llama_spec_dflash2 *spec,
+                                         int32_t seq_id,
+                                         const int32_t *i_batch,
+                                         int32_t n_rows,
+                                         int32_t *emitted,
+                                         int32_t n_emitted_max,
+                                         int32_t *n_emitted);
+
+// Most tokens one draft proposes, after the block-size clamps (> 0, at most
+// LLAMA_SPEC_DFLASH2_MAX_DRAFT), or a negative status.
+int32_t llama_spec_dflash2_n_max(struct llama_spec_dflash2 *spec);
+
+// Noise block width in use (anchor + masks), or a negative status.
+int32_t llama_spec_dflash2_block_size(struct llama_spec_dflash2 *spec);
+
+// Mirrors llama_memory_seq_rm on the target: removes the rows at target
+// positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every
+// sequence). Rows after a removed span keep dense draft positions. Removing
+// every position from an outstanding draft's anchor on drops that draft (no
+// accept() follows then).
+int32_t llama_spec_dflash2_seq_rm(struct llama_spec_dflash2 *spec,
+                                  int32_t seq_id,
+                                  int32_t p0,
+                                  int32_t p1);
+
+// Mirrors llama_memory_seq_cp on the target: `dst` becomes a copy of the rows
+// of `src` at target positions [p0, p1); what `dst` held is replaced.
+int32_t llama_spec_dflash2_seq_cp(struct llama_spec_dflash2 *spec,
+                                  int32_t seq_id_src,
+                                  int32_t seq_id_dst,
+                                  int32_t p0,
+                                  int32_t p1);
+
+// Mirrors llama_memory_seq_add on the target (context shift, cache reuse): the
+// rows at target positions [p0, p1) now sit at position + delta. The draft KV
+// is unchanged: its positions are dense and do not follow the target's.
+int32_t llama_spec_dflash2_seq_shift(struct llama_spec_dflash2 *spec,
+                                     int32_t seq_id,
+                                     int32_t p0,
+                                     int32_t p1,
+                                     int32_t delta);
+
+// Forgets a sequence entirely, a draft awaiting accept() included (seq_id < 0:
+// every sequence).
+int32_t llama_spec_dflash2_seq_clear(struct llama_spec_dflash2 *spec, int32_t seq_id);
+
+// Writes to `*size` the size in bytes of the state blob of `seq_id` (its draft
+// KV cells, position map and queued rows; grows with the sequence, not with
+// the context). Returns 0, or _INVALID_STATE when verify rows await accept().
+int32_t llama_spec_dflash2_state_size(struct llama_spec_dflash2 *spec,
+                                      int32_t seq_id,
+                                      size_t *size);
+
+// Writes the state blob of `seq_id` into `dst`, which has room for `dst_size`
+// bytes; `*written` receives its length. _BUFFER_TOO_SMALL when it does not fit.
+int32_t llama_spec_dflash2_state_get(struct llama_spec_dflash2 *spec,
+                                     int32_t seq_id,
+                                     uint8_t *dst,
+                                     size_t dst_size,
+                                     size_t *written);
+
+// Replaces the state of `seq_id` with a blob of `size` bytes at `src`, from
+// llama_spec_dflash2_state_get (this engine or another with the same drafter).
+// A blob from another drafter or a corrupt one is refused before anything
+// changes; if libllama then fails to load the KV, the sequence is left empty.
+int32_t llama_spec_dflash2_state_set(struct llama_spec_dflash2 *spec,
+                                     int32_t seq_id,
+                                     const uint8_t *src,
+                                     size_t size);
+
+// Writes to `*info` what the engine holds for `seq_id` (for checks and debugging).
+int32_t llama_spec_dflash2_seq_info(struct llama_spec_dflash2 *spec,
+                                    int32_t seq_id,
+                                    struct llama_spec_dflash2_seq_info *info);
+
+// Copies the engine's statistics into `*stats`.
+int32_t llama_spec_dflash2_get_stats(struct llama_spec_dflash2 *spec,
+                                     struct llama_spec_dflash2_stats *stats);
+
+// Zeroes the engine's statistics.
+int32_t llama_spec_dflash2_reset_stats(struct llama_spec_dflash2 *spec);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -9,7 +9,10 @@
 //! verify rows. Everything here is measured online: acceptance per draft position
 //! and lattice-confidence bin, the host's verify time against the rows it
 //! verified, the draft decode time, the tokens per second of whole steps.
-//! Pure bookkeeping; the engine feeds it and asks it.
+//! Pure bookkeeping: the engine reports what happened (with the time it
+//! happened) and asks; the policy keeps its own clocks.
+
+use std::time::Instant;
 
 /// Confidence bins of the lattice softmax at a pick.
 const BINS: usize = 10;
@@ -113,8 +116,8 @@ impl CostModel {
 /// The decisions of one engine.
 #[derive(Clone, Debug)]
 pub struct AdaptivePolicy {
-    pub acceptance: AcceptanceModel,
-    pub verify_cost: CostModel,
+    acceptance: AcceptanceModel,
+    verify_cost: CostModel,
     draft_seconds: Mean,
     rate: Mean,
     /// expected accepted tokens and kept length of the drafts chosen lately
@@ -126,6 +129,11 @@ pub struct AdaptivePolicy {
     /// during warm-up, every other step drafts nothing so that the verify cost
     /// is seen at two row counts (full drafts alone cannot give its slope)
     warmup_skip: bool,
+    /// when the current step began (its draft call) and when its draft was handed out
+    step_start: Option<Instant>,
+    draft_end: Option<Instant>,
+    /// tokens the sequences of the current step gained so far
+    step_tokens: usize,
 }
 
 impl AdaptivePolicy {
@@ -141,7 +149,47 @@ impl AdaptivePolicy {
             skipped_in_a_row: 0,
             explore_every: EXPLORE_FIRST,
             warmup_skip: false,
+            step_start: None,
+            draft_end: None,
+            step_tokens: 0,
         }
+    }
+
+    /// A draft call for `n_requests` sequences began at `now`: closes the
+    /// previous step (tokens gained over its wall time) and says whether this
+    /// step drafts at all.
+    pub fn begin_step(&mut self, now: Instant, n_requests: usize) -> bool {
+        if let Some(t) = self.step_start.replace(now) {
+            self.observe_step(self.step_tokens, (now - t).as_secs_f64());
+        }
+        // every requesting sequence gains at least its anchor's successor this step
+        self.step_tokens = n_requests;
+        self.should_draft(n_requests)
+    }
+
+    /// The noise-block decode took `seconds`.
+    pub fn draft_decode_seen(&mut self, seconds: f64) {
+        self.draft_seconds.add(seconds);
+    }
+
+    /// The drafts were handed to the host at `now`; its verify decode follows.
+    pub fn draft_done(&mut self, now: Instant) {
+        self.draft_end = Some(now);
+    }
+
+    /// The first rows after a draft arrived at `now`: the host's verify decode
+    /// of `rows` rows took the time since the draft was handed out.
+    pub fn verify_seen(&mut self, now: Instant, rows: usize) {
+        if let Some(t) = self.draft_end.take() {
+            self.verify_cost.observe(rows, (now - t).as_secs_f64());
+        }
+    }
+
+    /// A draft with these lattice confidences was verified and its first
+    /// `n_accepted` tokens kept.
+    pub fn accepted(&mut self, confidences: &[f32], n_accepted: usize) {
+        self.acceptance.observe(confidences, n_accepted);
+        self.step_tokens += n_accepted;
     }
 
     fn warm(&self) -> bool {
@@ -157,7 +205,7 @@ impl AdaptivePolicy {
     }
 
     /// Whether drafting this step is expected to pay, for `n_seqs` sequences.
-    pub fn should_draft(&mut self, n_seqs: usize) -> bool {
+    fn should_draft(&mut self, n_seqs: usize) -> bool {
         if !self.warm() || !self.draft_seconds.seen || !self.gain.seen {
             self.warmup_skip = !self.warmup_skip;
             return self.warmup_skip;
@@ -198,12 +246,8 @@ impl AdaptivePolicy {
         kept
     }
 
-    pub fn observe_draft_decode(&mut self, seconds: f64) {
-        self.draft_seconds.add(seconds);
-    }
-
     /// A whole step: `tokens` gained by all sequences in `seconds` of wall time.
-    pub fn observe_step(&mut self, tokens: usize, seconds: f64) {
+    fn observe_step(&mut self, tokens: usize, seconds: f64) {
         if seconds > 0.0 {
             self.rate.add(tokens as f64 / seconds);
             self.steps += 1;
@@ -250,7 +294,7 @@ mod tests {
             let rows = 1 + i % 8;
             p.verify_cost.observe(rows, 0.003 + rows as f64 * per_row);
             p.observe_step(1, 1.0 / rate);
-            p.observe_draft_decode(draft);
+            p.draft_decode_seen(draft);
         }
         p
     }
@@ -279,6 +323,24 @@ mod tests {
         let mut p = AdaptivePolicy::new(7);
         let decisions: Vec<bool> = (0..4).map(|_| p.should_draft(1)).collect();
         assert_eq!(decisions, vec![true, false, true, false]);
+    }
+
+    #[test]
+    fn the_policy_times_steps_and_verifies_itself() {
+        use std::time::Duration;
+        let mut p = AdaptivePolicy::new(3);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        assert!(p.begin_step(at(0), 1), "warm-up drafts first");
+        p.draft_done(at(2));
+        p.verify_seen(at(12), 4);
+        p.verify_seen(at(15), 9); // only the first rows after a draft are its verify batch
+        p.accepted(&[0.9, 0.9, 0.9], 3);
+        p.begin_step(at(20), 1);
+        // one step: 1 + 3 tokens in 20 ms
+        assert!((p.rate.value - 200.0).abs() < 1e-6, "{}", p.rate.value);
+        assert_eq!(p.verify_cost.n.value, 4.0);
+        assert!((p.verify_cost.t.value - 0.010).abs() < 1e-9);
     }
 
     #[test]

@@ -113,6 +113,36 @@ impl Error {
     pub fn io(message: impl Into<String>) -> Error {
         Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_IO, message)
     }
+
+    pub fn backend(message: impl Into<String>) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_BACKEND, message)
+    }
+
+    pub fn invalid_state(message: impl Into<String>) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_INVALID_STATE, message)
+    }
+
+    pub fn buffer_too_small(message: impl Into<String>) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_BUFFER_TOO_SMALL, message)
+    }
+
+    /// A required pointer argument `name` was NULL.
+    pub fn null_argument(name: &str) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT, format!("'{name}' is NULL"))
+    }
+
+    /// Sequence `seq` is not one of the engine's `n_seq` sequences.
+    pub fn unknown_sequence(seq: i32, n_seq: usize) -> Error {
+        Error::new(
+            Status::LLAMA_SPEC_DFLASH2_ERR_UNKNOWN_SEQUENCE,
+            format!("sequence {seq} is outside 0..{n_seq} (params.n_seq)"),
+        )
+    }
+
+    /// A panic caught at the C boundary.
+    pub fn internal(message: impl Into<String>) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_INTERNAL, message)
+    }
 }
 
 impl fmt::Display for Error {

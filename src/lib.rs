@@ -4,9 +4,14 @@
 //! context and a DFlash2 drafter GGUF; the library owns the draft context, the
 //! dense per-sequence draft positions and the candidate selector. It links the
 //! host's own libllama dynamically. The C API is `include/dflash2.h`.
+//!
+//! `unsafe` lives in `sys` (bindings and the C++ shim) and `ffi` (the exports)
+//! only; everything else is safe Rust, and the compiler holds it to that.
+#![deny(unsafe_code)]
 
 pub mod adaptive;
 pub mod checkpoint;
+pub mod config;
 pub mod engine;
 pub mod error;
 pub mod ffi;
@@ -19,9 +24,11 @@ pub mod sampling;
 pub mod selector;
 /// cbindgen:ignore
 #[doc(hidden)]
+#[allow(unsafe_code)]
 pub mod sys;
 /// cbindgen:ignore
 pub mod tree;
 
+pub use config::Config;
 pub use error::{Error, Result, Status};
 pub use params::llama_spec_dflash2_params;

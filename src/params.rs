@@ -1,6 +1,6 @@
-//! The engine's configuration as C sees it, with its defaults and checks.
+//! The engine's configuration as C sees it, with its defaults. `Config::from_c`
+//! checks and converts it.
 
-use crate::error::{Error, Result};
 use crate::sys::ggml_backend_dev_t;
 
 /// How the drafted path is chosen from the selector lattice.
@@ -42,7 +42,8 @@ pub struct llama_spec_dflash2_params {
     /// Target sequences the engine serves: sequence ids 0 .. n_seq-1 (default 1).
     pub n_seq: u32,
     /// Most tokens drafted per step. -1 (default) = block_size-1; a larger value
-    /// is clamped to block_size-1 with a logged warning.
+    /// is clamped to block_size-1 with a logged warning. Never more than
+    /// LLAMA_SPEC_DFLASH2_MAX_DRAFT.
     pub n_max: i32,
     /// A draft shorter than this is dropped (the step drafts nothing). Default 0.
     pub n_min: i32,
@@ -103,76 +104,22 @@ impl Default for llama_spec_dflash2_params {
 /// Most sequences one engine serves (n_seq); libllama's own limit is 256.
 pub const LLAMA_SPEC_DFLASH2_MAX_SEQUENCES: u32 = 256;
 
-impl llama_spec_dflash2_params {
-    /// Checks the fields that do not depend on the drafter.
-    pub fn validate(&self) -> Result<()> {
-        if self.n_seq == 0 || self.n_seq > LLAMA_SPEC_DFLASH2_MAX_SEQUENCES {
-            return Err(Error::invalid(format!(
-                "n_seq = {} (must be 1..={LLAMA_SPEC_DFLASH2_MAX_SEQUENCES})",
-                self.n_seq
-            )));
-        }
-        if self.n_max == 0 || self.n_max < -1 {
-            return Err(Error::invalid(format!("n_max = {} (must be -1 for the block size, or > 0)", self.n_max)));
-        }
-        if self.n_min < 0 {
-            return Err(Error::invalid(format!("n_min = {} (must be >= 0)", self.n_min)));
-        }
-        if self.n_max > 0 && self.n_min > self.n_max {
-            return Err(Error::invalid(format!("n_min = {} exceeds n_max = {}", self.n_min, self.n_max)));
-        }
-        if !(self.p_min.is_finite() && (0.0..=1.0).contains(&self.p_min)) {
-            return Err(Error::invalid(format!("p_min = {} (must be in [0, 1])", self.p_min)));
-        }
-        if self.block_size < 0 || self.block_size == 1 {
-            return Err(Error::invalid(format!("block_size = {} (0 for the trained size, or >= 2)", self.block_size)));
-        }
-        if self.walk_kind().is_none() {
-            return Err(Error::invalid(format!("walk = {} is not a walk kind", self.walk)));
-        }
-        if self.image_rows_kind().is_none() {
-            return Err(Error::invalid(format!("image_rows = {} is not an image-row policy", self.image_rows)));
-        }
-        if self.n_gpu_layers < -1 {
-            return Err(Error::invalid(format!("n_gpu_layers = {}", self.n_gpu_layers)));
-        }
-        for (name, t) in [("type_k", self.type_k), ("type_v", self.type_v)] {
-            if t != -1 && dflash2_gguf::ggml_type_from_id(t as u32).is_none_or(|_| t < 0) {
-                return Err(Error::invalid(format!("{name} = {t} is not a ggml type")));
-            }
-        }
-        if self.n_threads < 0 || self.n_threads_batch < 0 {
-            return Err(Error::invalid("n_threads and n_threads_batch must be >= 0"));
-        }
-        Ok(())
-    }
-}
-
-impl llama_spec_dflash2_params {
-    pub fn walk_kind(&self) -> Option<llama_spec_dflash2_walk> {
-        match self.walk {
-            0 => Some(llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_GREEDY),
-            1 => Some(llama_spec_dflash2_walk::LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE),
-            _ => None,
-        }
-    }
-
-    pub fn image_rows_kind(&self) -> Option<llama_spec_dflash2_image_rows> {
-        match self.image_rows {
-            0 => Some(llama_spec_dflash2_image_rows::LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT),
-            1 => Some(llama_spec_dflash2_image_rows::LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP),
-            _ => None,
-        }
-    }
-}
+/// Most tokens one draft ever has: an engine's n_max (params.n_max, the block
+/// size less one, `llama_spec_dflash2_n_max()`) never exceeds it, and the
+/// statistics track acceptance at this many draft positions. A host's verify
+/// batch needs n_max + 1 rows per sequence (the anchor, then the draft).
+pub const LLAMA_SPEC_DFLASH2_MAX_DRAFT: usize = 64;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Config, ImageRows, Walk};
 
     #[test]
     fn defaults_are_valid() {
-        llama_spec_dflash2_params::default().validate().unwrap();
+        let c = Config::from_c(&llama_spec_dflash2_params::default(), None).unwrap();
+        assert_eq!((c.n_max, c.block_size, c.type_k, c.n_threads), (None, None, None, None));
+        assert_eq!((c.walk, c.image_rows), (Walk::Greedy, ImageRows::Inject));
     }
 
     #[test]
@@ -204,7 +151,7 @@ mod tests {
         for (mutate, field) in cases {
             let mut p = llama_spec_dflash2_params::default();
             mutate(&mut p);
-            let err = p.validate().unwrap_err();
+            let err = Config::from_c(&p, None).unwrap_err();
             assert!(err.message.contains(field), "{field}: {}", err.message);
         }
     }

@@ -44,20 +44,12 @@ impl TargetRange {
     }
 }
 
-/// The rows of one sequence: those in the draft KV, then those committed but
-/// not yet injected (queued, without a draft position until injection).
+/// The rows of one sequence that are in the draft KV, in draft order. Rows
+/// committed but not yet injected have no draft position yet; they wait in the
+/// engine's row queue and take `next_draft_pos()` onwards when injected.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeqMap {
     in_kv: Vec<Entry>,
-    queued: Vec<i32>,
-}
-
-/// What `SeqMap::remove` did: the KV edits to apply, in order, and which queued
-/// rows survived (by their index before the removal).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Removal {
-    pub edits: Vec<KvEdit>,
-    pub queued_kept: Vec<bool>,
 }
 
 impl SeqMap {
@@ -65,12 +57,8 @@ impl SeqMap {
         &self.in_kv
     }
 
-    pub fn queued(&self) -> &[i32] {
-        &self.queued
-    }
-
     pub fn is_empty(&self) -> bool {
-        self.in_kv.is_empty() && self.queued.is_empty()
+        self.in_kv.is_empty()
     }
 
     /// The draft position the next injected row (or a noise block) takes.
@@ -78,39 +66,32 @@ impl SeqMap {
         self.in_kv.last().map_or(0, |e| e.draft + 1)
     }
 
-    /// Target position of the newest committed row.
+    /// Target position of the newest row in the draft KV.
     pub fn last_target_pos(&self) -> Option<i32> {
-        self.queued.last().or(self.in_kv.last().map(|e| &e.target)).copied()
+        self.in_kv.last().map(|e| e.target)
     }
 
-    /// Commits a row: queued until the next injection.
-    pub fn commit(&mut self, target: i32) {
-        self.queued.push(target);
-    }
-
-    /// Gives the first `n` queued rows their draft positions (they were
-    /// injected) and returns those positions.
-    pub fn inject(&mut self, n: usize) -> Vec<i32> {
-        let first = self.next_draft_pos();
-        let mut out = Vec::with_capacity(n);
-        for (draft, target) in (first..).zip(self.queued.drain(..n)) {
-            self.in_kv.push(Entry { target, draft });
-            out.push(draft);
-        }
-        out
-    }
-
-    /// Draft positions each queued row would take if injected now.
-    pub fn pending_draft_positions(&self) -> std::ops::Range<i32> {
+    /// Draft positions `n` rows injected now would take.
+    pub fn pending_draft_positions(&self, n: usize) -> std::ops::Range<i32> {
         let next = self.next_draft_pos();
-        next..next + self.queued.len() as i32
+        next..next + n as i32
     }
 
-    /// Removes every row whose target position lies in `range`. With
-    /// `can_shift` the rows after a removed span move down so that draft
-    /// positions stay contiguous; without (an M-RoPE draft cache cannot shift,
-    /// but accepts gaps) they keep their positions.
-    pub fn remove(&mut self, range: TargetRange, can_shift: bool) -> Removal {
+    /// Records rows (by target position, in order) injected at the next draft
+    /// positions; returns those positions.
+    pub fn inject(&mut self, targets: &[i32]) -> std::ops::Range<i32> {
+        let positions = self.pending_draft_positions(targets.len());
+        for (draft, &target) in positions.clone().zip(targets) {
+            self.in_kv.push(Entry { target, draft });
+        }
+        positions
+    }
+
+    /// Removes every row whose target position lies in `range` and returns the
+    /// KV edits to apply, in order. With `can_shift` the rows after a removed
+    /// span move down so that draft positions stay contiguous; without (an
+    /// M-RoPE draft cache cannot shift, but accepts gaps) they keep their positions.
+    pub fn remove(&mut self, range: TargetRange, can_shift: bool) -> Vec<KvEdit> {
         let mut edits = Vec::new();
         // removed spans of draft positions, in order
         let mut i = 0;
@@ -145,10 +126,7 @@ impl SeqMap {
                 i += 1;
             }
         }
-        let queued_kept: Vec<bool> = self.queued.iter().map(|&t| !range.contains(t)).collect();
-        let mut keep = queued_kept.iter();
-        self.queued.retain(|_| *keep.next().unwrap());
-        Removal { edits, queued_kept }
+        edits
     }
 
     /// Adds `delta` to the target positions in `range` (a context shift on the
@@ -159,18 +137,13 @@ impl SeqMap {
                 e.target = e.target.saturating_add(delta);
             }
         }
-        for t in &mut self.queued {
-            if range.contains(*t) {
-                *t = t.saturating_add(delta);
-            }
-        }
     }
 
-    /// Rebuilds a map from saved parts, checking that draft positions increase.
-    pub fn from_parts(in_kv: Vec<Entry>, queued: Vec<i32>) -> Option<SeqMap> {
+    /// Rebuilds a map from saved entries, checking that draft positions increase.
+    pub fn from_parts(in_kv: Vec<Entry>) -> Option<SeqMap> {
         let increasing = in_kv.windows(2).all(|w| w[0].draft < w[1].draft);
         let non_negative = in_kv.first().is_none_or(|e| e.draft >= 0);
-        (increasing && non_negative).then_some(SeqMap { in_kv, queued })
+        (increasing && non_negative).then_some(SeqMap { in_kv })
     }
 }
 
@@ -180,10 +153,7 @@ mod tests {
 
     fn map(targets: &[i32]) -> SeqMap {
         let mut m = SeqMap::default();
-        for &t in targets {
-            m.commit(t);
-        }
-        m.inject(targets.len());
+        assert_eq!(m.inject(targets), 0..targets.len() as i32);
         m
     }
 
@@ -202,8 +172,8 @@ mod tests {
     #[test]
     fn removing_the_tail_is_one_edit() {
         let mut m = map(&[0, 1, 2, 3, 4]);
-        let r = m.remove(TargetRange::new(3, -1), true);
-        assert_eq!(r.edits, vec![KvEdit::Remove { p0: 3, p1: 5 }]);
+        let edits = m.remove(TargetRange::new(3, -1), true);
+        assert_eq!(edits, vec![KvEdit::Remove { p0: 3, p1: 5 }]);
         assert_eq!(m.next_draft_pos(), 3);
     }
 
@@ -211,8 +181,8 @@ mod tests {
     fn removing_a_middle_span_compacts_when_the_cache_can_shift() {
         // a context shift on the target: drop [2, 4), then targets 4.. move down by 2
         let mut m = map(&[0, 1, 2, 3, 4, 5]);
-        let r = m.remove(TargetRange::new(2, 4), true);
-        assert_eq!(r.edits, vec![KvEdit::Remove { p0: 2, p1: 4 }, KvEdit::Shift { p0: 4, p1: 6, delta: -2 }]);
+        let edits = m.remove(TargetRange::new(2, 4), true);
+        assert_eq!(edits, vec![KvEdit::Remove { p0: 2, p1: 4 }, KvEdit::Shift { p0: 4, p1: 6, delta: -2 }]);
         assert_eq!(drafts(&m), vec![0, 1, 2, 3]);
         m.shift_target(TargetRange::new(4, -1), -2);
         assert_eq!(m.in_kv().iter().map(|e| e.target).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
@@ -221,8 +191,8 @@ mod tests {
     #[test]
     fn without_shift_gaps_stay() {
         let mut m = map(&[0, 1, 2, 3, 4, 5]);
-        let r = m.remove(TargetRange::new(2, 4), false);
-        assert_eq!(r.edits, vec![KvEdit::Remove { p0: 2, p1: 4 }]);
+        let edits = m.remove(TargetRange::new(2, 4), false);
+        assert_eq!(edits, vec![KvEdit::Remove { p0: 2, p1: 4 }]);
         assert_eq!(drafts(&m), vec![0, 1, 4, 5]);
         assert_eq!(m.next_draft_pos(), 6);
     }
@@ -231,9 +201,9 @@ mod tests {
     fn removing_several_spans_shifts_each_kept_run_to_its_index() {
         let mut m = map(&[0, 10, 1, 11, 2, 3]);
         // targets >= 10 are removed: draft positions 1 and 3
-        let r = m.remove(TargetRange::new(10, -1), true);
+        let edits = m.remove(TargetRange::new(10, -1), true);
         assert_eq!(
-            r.edits,
+            edits,
             vec![
                 KvEdit::Remove { p0: 1, p1: 2 },
                 KvEdit::Remove { p0: 3, p1: 4 },
@@ -245,16 +215,13 @@ mod tests {
     }
 
     #[test]
-    fn queued_rows_are_removed_without_kv_edits() {
+    fn injection_continues_after_the_last_draft_position() {
         let mut m = map(&[0, 1]);
-        m.commit(2);
-        m.commit(3);
-        let r = m.remove(TargetRange::new(3, -1), true);
-        assert!(r.edits.is_empty());
-        assert_eq!(r.queued_kept, vec![true, false]);
-        assert_eq!(m.queued(), &[2]);
-        assert_eq!(m.pending_draft_positions(), 2..3);
-        assert_eq!(m.inject(1), vec![2]);
+        assert_eq!(m.pending_draft_positions(2), 2..4);
+        assert_eq!(m.inject(&[2, 3]), 2..4);
+        m.remove(TargetRange::new(3, -1), true);
+        assert_eq!(m.last_target_pos(), Some(2));
+        assert_eq!(m.inject(&[3]), 3..4);
     }
 
     #[test]
@@ -267,8 +234,8 @@ mod tests {
     #[test]
     fn saved_parts_must_have_increasing_draft_positions() {
         let e = |target, draft| Entry { target, draft };
-        assert!(SeqMap::from_parts(vec![e(0, 0), e(1, 2)], vec![]).is_some());
-        assert!(SeqMap::from_parts(vec![e(0, 1), e(1, 1)], vec![]).is_none());
-        assert!(SeqMap::from_parts(vec![e(0, -1)], vec![]).is_none());
+        assert!(SeqMap::from_parts(vec![e(0, 0), e(1, 2)]).is_some());
+        assert!(SeqMap::from_parts(vec![e(0, 1), e(1, 1)]).is_none());
+        assert!(SeqMap::from_parts(vec![e(0, -1)]).is_none());
     }
 }

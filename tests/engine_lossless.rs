@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::spec::{Spec, default_params, generate, prefill};
+use common::spec::{Spec, default_params, generate, generate_verified, prefill};
 use common::target::{Target, greedy_reference};
 use common::{fixtures, smollm2};
 
@@ -104,4 +104,28 @@ fn the_adaptive_walk_is_lossless_on_four_sequences() {
     }
     // it drafts at first (full length until its models are warm)
     assert!(spec.stats().n_drafted > 0);
+}
+
+#[test]
+fn a_loop_verified_by_the_library_is_lossless_and_counts_verify_steps() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 4, 2048, 512);
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts, N_GEN);
+    let spec = Spec::new(&target, &fx.drafter, default_params(4));
+    let mut streams = prefill(&mut target, &spec, &prompts);
+    generate_verified(&mut target, &spec, &mut streams, N_GEN, 3);
+    for (s, want) in streams.iter().zip(&reference) {
+        assert_eq!(&s.out[..N_GEN], &want[..], "seq {}", s.seq);
+        let info = spec.info(s.seq);
+        assert_eq!((info.n_held, info.n_outstanding), (0, -1));
+        assert_eq!(info.n_in_kv + info.n_queued, s.n_past, "seq {}", s.seq);
+    }
+    let st = spec.stats();
+    // the random drafter drafts every step: one verify step per accept
+    assert_eq!(st.n_verify_steps, st.n_accept_calls);
+    assert_eq!(st.n_verify_steps, st.n_drafts);
+    let tau = (st.n_accepted + st.n_verify_steps) as f64 / st.n_verify_steps as f64;
+    assert!((st.tau - tau).abs() < 1e-12, "{} vs {tau}", st.tau);
+    assert!(st.tau >= 1.0);
 }

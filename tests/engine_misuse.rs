@@ -7,8 +7,8 @@ use std::ffi::{CStr, c_char, c_void};
 use std::ptr;
 use std::sync::Mutex;
 
-use common::spec::{Spec, default_params, prefill};
-use common::target::Target;
+use common::spec::{Spec, Stream, default_params, prefill};
+use common::target::{TRow, Target};
 use common::{cstr, fixtures, last_error, status_code};
 use dflash2::ffi::*;
 
@@ -201,4 +201,172 @@ fn a_target_that_cannot_capture_layer_inputs_is_refused_before_anything_changes(
         .map(|(i, &tok)| common::target::TRow { seq: 0, token: tok, pos: i as i32, logits: i + 1 == p.len() })
         .collect();
     assert_eq!(t.decode(&rows).len(), 1);
+}
+
+/// Drafts up to 3 tokens for stream `s`, decodes its verify batch (logits on
+/// the rows `logits` says) and feeds it to the engine: the draft then awaits
+/// accept(). Returns the draft.
+fn draft_and_verify(target: &mut Target, spec: &Spec, s: &Stream, logits: impl Fn(usize) -> bool) -> Vec<i32> {
+    let d = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: s.seq, id_last: s.id_last, n_max: 3 }]).remove(0);
+    let mut rows = vec![TRow { seq: s.seq, token: s.id_last, pos: s.n_past, logits: logits(0) }];
+    rows.extend(d.iter().enumerate().map(|(j, &t)| TRow {
+        seq: s.seq,
+        token: t,
+        pos: s.n_past + 1 + j as i32,
+        logits: logits(j + 1),
+    }));
+    target.decode(&rows);
+    spec.process(target);
+    d
+}
+
+fn raw_draft(spec: &Spec, s: &Stream) -> i32 {
+    let req = llama_spec_dflash2_draft_request { seq_id: s.seq, id_last: s.id_last, n_max: 3 };
+    let (mut tokens, mut n) = ([0i32; 3], [0i32; 1]);
+    unsafe { llama_spec_dflash2_draft(spec.0, &req, 1, tokens.as_mut_ptr(), 3, n.as_mut_ptr()) }
+}
+
+/// What must not change when a call is refused.
+fn snapshot(spec: &Spec) -> (llama_spec_dflash2_seq_info, u64, u64, u64) {
+    let st = spec.stats();
+    (spec.info(0), st.n_draft_calls, st.n_accept_calls, st.n_injected)
+}
+
+#[test]
+fn a_skipped_accept_is_an_error_that_changes_nothing() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 1, 1024, 512);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let p = target.tokenize("one two three four", true);
+    let streams = prefill(&mut target, &spec, std::slice::from_ref(&p));
+    let s = &streams[0];
+    let d = draft_and_verify(&mut target, &spec, s, |_| true);
+    assert_eq!(d.len(), 3, "the random drafter drafts n_max tokens");
+    let before = snapshot(&spec);
+    assert_eq!((before.0.n_held, before.0.n_outstanding), (4, 3));
+
+    // the next draft without accept()
+    assert_eq!(raw_draft(&spec, s), status_code("INVALID_STATE"));
+    assert!(last_error().contains("never accepted") && last_error().contains("accept"), "{}", last_error());
+    assert_eq!(snapshot(&spec), before);
+
+    // more rows of the sequence after its whole verify batch
+    target.decode(&[TRow { seq: 0, token: d[2], pos: s.n_past + 4, logits: false }]);
+    let row = llama_spec_dflash2_row { i_batch: 0, seq_id: 0, pos: s.n_past + 4, embd: false };
+    assert_eq!(unsafe { llama_spec_dflash2_process(spec.0, &row, 1) }, status_code("INVALID_STATE"));
+    assert!(last_error().contains("accept"), "{}", last_error());
+    assert_eq!(snapshot(&spec), before);
+
+    // accept() settles it: the anchor and one token are kept
+    spec.accept(0, 1);
+    let info = spec.info(0);
+    assert_eq!((info.n_held, info.n_outstanding, info.last_target_pos), (0, -1, s.n_past + 1));
+
+    // a row going back without seq_rm
+    let before = snapshot(&spec);
+    let back = llama_spec_dflash2_row { i_batch: 0, seq_id: 0, pos: s.n_past, embd: false };
+    assert_eq!(unsafe { llama_spec_dflash2_process(spec.0, &back, 1) }, status_code("INVALID_STATE"));
+    assert!(last_error().contains("seq_rm"), "{}", last_error());
+    assert_eq!(snapshot(&spec), before);
+    // mirrored rollback first: the same row is taken
+    spec.seq_rm(0, s.n_past, -1);
+    assert_eq!(unsafe { llama_spec_dflash2_process(spec.0, &back, 1) }, 0, "{}", last_error());
+    assert_eq!(spec.info(0).last_target_pos, s.n_past);
+}
+
+#[test]
+fn zero_length_drafts_take_an_accept_of_0_or_none() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 1, 1024, 512);
+    // no lattice softmax reaches 1: every walk stops before its first token
+    let spec = Spec::new(&target, &fx.drafter, llama_spec_dflash2_params { p_min: 1.0, ..default_params(1) });
+    let p = target.tokenize("one two three four", true);
+    let mut streams = prefill(&mut target, &spec, std::slice::from_ref(&p));
+    for step in 0..4 {
+        let s = &mut streams[0];
+        let d = draft_and_verify(&mut target, &spec, s, |_| true);
+        assert!(d.is_empty());
+        let info = spec.info(0);
+        assert_eq!((info.n_outstanding, info.n_held, info.last_target_pos), (0, 0, s.n_past), "committed, not held");
+        if step % 2 == 0 {
+            spec.accept(0, 0);
+            assert_eq!(spec.info(0).n_outstanding, -1);
+        }
+        s.n_past += 1;
+    }
+    let st = spec.stats();
+    assert_eq!((st.n_draft_calls, st.n_accept_calls, st.n_verify_steps, st.n_drafted), (4, 2, 0, 0));
+    assert_eq!(st.tau, 0.0);
+}
+
+#[test]
+fn greedy_verification_refuses_what_it_cannot_verify_and_changes_nothing() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 2, 1024, 512);
+    let spec = Spec::new(&target, &fx.drafter, default_params(2));
+    let p = target.tokenize("one two three four", true);
+    let streams = prefill(&mut target, &spec, std::slice::from_ref(&p));
+    let verify = |seq: i32, rows: &[i32], cap: usize| {
+        let mut out = vec![0i32; cap];
+        let mut n = -1;
+        let rc = unsafe {
+            llama_spec_dflash2_verify_greedy(
+                spec.0,
+                seq,
+                rows.as_ptr(),
+                rows.len() as i32,
+                out.as_mut_ptr(),
+                cap as i32,
+                &mut n,
+            )
+        };
+        assert_eq!(n, -1, "nothing is written on failure");
+        rc
+    };
+    assert_eq!(verify(0, &[0], 4), status_code("INVALID_STATE"), "no draft yet");
+
+    // the draft is decoded, but only its anchor row asked for logits
+    let d = draft_and_verify(&mut target, &spec, &streams[0], |j| j == 0);
+    assert_eq!(d.len(), 3);
+    let before = snapshot(&spec);
+    assert_eq!(verify(0, &[0, 1, 2], 4), status_code("INVALID_ARGUMENT"));
+    assert!(last_error().contains("3 rows for a draft of 3 tokens"), "{}", last_error());
+    assert_eq!(verify(0, &[0, 1, 2, 3], 3), status_code("BUFFER_TOO_SMALL"));
+    assert_eq!(verify(0, &[0, 1, 2, 100_000], 4), status_code("INVALID_ARGUMENT"));
+    assert_eq!(verify(0, &[0, 1, 2, 3], 4), status_code("INVALID_ARGUMENT"));
+    assert!(last_error().contains("no logits"), "{}", last_error());
+    assert_eq!(verify(1, &[0], 4), status_code("INVALID_STATE"), "sequence 1 has no draft");
+    let rc = unsafe {
+        llama_spec_dflash2_verify_greedy(
+            spec.0,
+            0,
+            [0, 1, 2, 3].as_ptr(),
+            4,
+            [0i32; 4].as_mut_ptr(),
+            4,
+            ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, status_code("NULL_ARGUMENT"));
+    assert_eq!(snapshot(&spec), before);
+}
+
+#[test]
+fn a_rollback_from_the_anchor_on_drops_the_draft() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 1, 1024, 512);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let p = target.tokenize("one two three four", true);
+    let streams = prefill(&mut target, &spec, std::slice::from_ref(&p));
+    let s = &streams[0];
+    // a rollback that keeps the anchor row keeps the draft
+    draft_and_verify(&mut target, &spec, s, |_| true);
+    spec.seq_rm(0, s.n_past + 2, -1);
+    assert_eq!((spec.info(0).n_outstanding, spec.info(0).n_held), (3, 2));
+    // one from the anchor on drops it: the next draft needs no accept()
+    target.seq_rm(0, s.n_past, -1);
+    spec.seq_rm(0, s.n_past, -1);
+    let info = spec.info(0);
+    assert_eq!((info.n_outstanding, info.n_held, info.last_target_pos), (-1, 0, s.n_past - 1));
+    assert_eq!(raw_draft(&spec, s), 0, "{}", last_error());
 }

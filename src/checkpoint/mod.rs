@@ -54,11 +54,58 @@ pub struct Checkpoint {
     pub n_ctx_train: u32,
     /// Sliding window of the draft attention; 0 = full attention.
     pub n_swa: u32,
+    /// Per layer: attends through the sliding window (empty when n_swa is 0).
+    pub swa_layers: Vec<bool>,
     pub causal: bool,
     /// Rope sections written for an M-RoPE target (any non-zero entry).
     pub mrope: bool,
     pub own_embd: bool,
     pub own_head: bool,
+    /// Bytes of all tensor data: what libllama allocates for the weights.
+    pub weight_bytes: u64,
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Checkpoint {
+    /// Identifies the drafter's shape in saved state: every field that decides
+    /// the layout of its draft KV and of the features it reads, hashed (FNV-1a)
+    /// in a fixed order. A field added to `Checkpoint` changes nothing here
+    /// unless it is added below, which must then bump the state blob version.
+    pub fn fingerprint(&self) -> u64 {
+        let hp = &self.hparams;
+        let mut words: Vec<u32> = vec![
+            hp.n_embd,
+            hp.n_layer,
+            hp.n_head,
+            hp.n_head_kv,
+            hp.head_dim,
+            hp.n_vocab,
+            hp.selector_rank,
+            hp.selector_top_k,
+            hp.conv_kernel,
+            hp.conv_group,
+            self.block_size,
+            self.n_vocab_draft,
+            self.mask_token,
+            self.n_ctx_train,
+            self.n_swa,
+            self.causal as u32,
+            self.mrope as u32,
+            self.own_embd as u32,
+            self.own_head as u32,
+        ];
+        words.push(hp.n_ff.len() as u32);
+        words.extend(&hp.n_ff);
+        words.push(hp.target_layers.len() as u32);
+        words.extend(hp.target_layers.iter().map(|&l| l as u32));
+        words.push(self.swa_layers.len() as u32);
+        words.extend(self.swa_layers.iter().map(|&s| s as u32));
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        fnv1a(&bytes)
+    }
 }
 
 fn positive(keys: &Keys, key: &str) -> Result<u32> {
@@ -181,12 +228,13 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
     }
 
     let n_swa = keys.u32_opt("dflash.attention.sliding_window")?.unwrap_or(0);
+    let mut swa_layers = Vec::new();
     if n_swa > 0 {
-        let pattern = keys.bool_array("dflash.attention.sliding_window_pattern")?;
-        if pattern.len() != n_layer as usize {
+        swa_layers = keys.bool_array("dflash.attention.sliding_window_pattern")?;
+        if swa_layers.len() != n_layer as usize {
             return Err(Error::bad_checkpoint(format!(
                 "dflash.attention.sliding_window_pattern has {} entries for {n_layer} layers",
-                pattern.len()
+                swa_layers.len()
             )));
         }
     }
@@ -256,10 +304,12 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
         mask_token,
         n_ctx_train,
         n_swa,
+        swa_layers,
         causal,
         mrope,
         own_embd,
         own_head,
+        weight_bytes: gguf.tensors().iter().map(|t| t.nbytes).sum(),
     })
 }
 
@@ -313,5 +363,67 @@ pub fn sniff(path: &Path) -> bool {
     match read(&map) {
         Ok(g) => g.architecture() == Some("dflash") && g.tensor("selector_hidden.weight").is_some(),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Checkpoint {
+        Checkpoint {
+            hparams: Hparams {
+                n_embd: 64,
+                n_layer: 2,
+                n_head: 4,
+                n_head_kv: 2,
+                head_dim: 16,
+                n_ff: vec![128, 96],
+                n_vocab: 100,
+                target_layers: vec![1, 3],
+                selector_rank: 8,
+                selector_top_k: 4,
+                conv_kernel: 2,
+                conv_group: 16,
+            },
+            block_size: 4,
+            n_vocab_draft: 100,
+            mask_token: 3,
+            n_ctx_train: 256,
+            n_swa: 8,
+            swa_layers: vec![true, false],
+            causal: false,
+            mrope: false,
+            own_embd: false,
+            own_head: true,
+            weight_bytes: 12345,
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_is_pinned_for_fixed_fields() {
+        // saved state blobs carry this value: it must not change by accident
+        assert_eq!(sample().fingerprint(), 0xd8f3_dfe7_5411_048b);
+    }
+
+    #[test]
+    fn the_fingerprint_follows_the_shape_only() {
+        let base = sample().fingerprint();
+        let mut c = sample();
+        c.weight_bytes = 1;
+        assert_eq!(c.fingerprint(), base, "weight bytes do not change the draft KV layout");
+        let changes: Vec<fn(&mut Checkpoint)> = vec![
+            |c| c.hparams.n_head_kv = 4,
+            |c| c.hparams.target_layers = vec![1, 2],
+            |c| c.hparams.n_ff = vec![96, 128],
+            |c| c.swa_layers = vec![false, true],
+            |c| c.block_size = 8,
+            |c| c.own_head = false,
+        ];
+        for change in changes {
+            let mut c = sample();
+            change(&mut c);
+            assert_ne!(c.fingerprint(), base, "{c:?}");
+        }
     }
 }

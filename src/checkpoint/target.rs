@@ -106,10 +106,12 @@ mod tests {
             mask_token: 3,
             n_ctx_train: 256,
             n_swa: 0,
+            swa_layers: Vec::new(),
             causal: false,
             mrope: false,
             own_embd: false,
             own_head: false,
+            weight_bytes: 0,
         }
     }
 

@@ -1,89 +1,111 @@
-//! One target sequence as the engine tracks it: its position map, the features
-//! of committed rows waiting for injection, and the rows of an outstanding
-//! verify batch held until the host says how many were accepted.
+//! One target sequence as the engine tracks it: the rows in the draft KV, the
+//! committed rows waiting for injection, and the rows of an outstanding verify
+//! batch held until the host says how many were accepted.
 
-use crate::positions::{SeqMap, TargetRange};
-
-/// A verify-batch row, held until accept().
-#[derive(Clone, Copy, Debug)]
-pub struct HeldRow {
-    pub target: i32,
-}
+use super::row_queue::RowQueue;
+use crate::positions::{KvEdit, SeqMap, TargetRange};
 
 /// The last draft handed to the host, not yet accepted.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Outstanding {
-    pub n_drafted: usize,
+    pub tokens: Vec<i32>,
+    /// Lattice softmax of each token (the adaptive walk learns from them).
+    pub confidences: Vec<f32>,
+    /// Target position of the newest committed row when the draft was made:
+    /// the verify rows (anchor first) come after it.
+    pub after_target: Option<i32>,
 }
 
-#[derive(Default)]
 pub struct Sequence {
     pub map: SeqMap,
-    /// Features of `map.queued()`, `n_feat` floats each.
-    pub queued: Vec<f32>,
-    pub held: Vec<HeldRow>,
-    /// Features of `held`, `n_feat` floats each.
-    pub held_features: Vec<f32>,
+    /// Committed rows not yet in the draft KV.
+    pub queued: RowQueue,
+    /// Verify rows of the outstanding draft.
+    pub held: RowQueue,
     pub outstanding: Option<Outstanding>,
-    /// Lattice softmax of each token of the outstanding draft (adaptive walk).
-    pub draft_confidences: Vec<f32>,
 }
 
 impl Sequence {
+    pub fn new(n_feat: usize) -> Sequence {
+        Sequence {
+            map: SeqMap::default(),
+            queued: RowQueue::new(n_feat),
+            held: RowQueue::new(n_feat),
+            outstanding: None,
+        }
+    }
+
     /// Rows arriving now belong to a verify batch (held), not to the sequence yet.
     pub fn holds_rows(&self) -> bool {
-        self.outstanding.is_some_and(|o| o.n_drafted > 0)
+        self.outstanding.as_ref().is_some_and(|o| !o.tokens.is_empty())
     }
 
-    pub fn commit(&mut self, target: i32, features: &[f32]) {
-        self.map.commit(target);
-        self.queued.extend_from_slice(features);
+    /// Verify rows the outstanding draft has room for (anchor + its tokens).
+    pub fn verify_rows(&self) -> usize {
+        self.outstanding.as_ref().map_or(0, |o| if o.tokens.is_empty() { 0 } else { o.tokens.len() + 1 })
     }
 
-    pub fn hold(&mut self, target: i32, features: &[f32]) {
-        self.held.push(HeldRow { target });
-        self.held_features.extend_from_slice(features);
+    /// Target position of the newest committed row.
+    pub fn last_target_pos(&self) -> Option<i32> {
+        self.queued.last_target().or(self.map.last_target_pos())
     }
 
-    /// Commits the first `n` held rows and drops the rest; returns how many
-    /// were dropped.
-    pub fn resolve_held(&mut self, n: usize, n_feat: usize) -> usize {
-        let n = n.min(self.held.len());
-        for i in 0..n {
-            let target = self.held[i].target;
-            self.map.commit(target);
-            self.queued.extend_from_slice(&self.held_features[i * n_feat..(i + 1) * n_feat]);
+    /// Target position of the newest row the engine holds, committed or held.
+    pub fn last_seen_pos(&self) -> Option<i32> {
+        self.held.last_target().or(self.last_target_pos())
+    }
+
+    /// Takes a row the target decoded: held while a draft awaits accept(),
+    /// else committed.
+    pub fn take_row(&mut self, target: i32, features: &[f32]) {
+        if self.holds_rows() {
+            self.held.push(target, features);
+        } else {
+            self.queued.push(target, features);
         }
+    }
+
+    /// Commits the first `n` held rows, drops the rest and closes the draft;
+    /// returns how many rows were dropped.
+    pub fn resolve_held(&mut self, n: usize) -> usize {
+        let n = n.min(self.held.len());
+        self.queued.extend_from(&self.held, n);
         let dropped = self.held.len() - n;
         self.held.clear();
-        self.held_features.clear();
         self.outstanding = None;
         dropped
     }
 
-    /// Drops held rows whose target position is in `range`.
-    pub fn drop_held(&mut self, range: TargetRange, n_feat: usize) {
-        let mut kept = 0;
-        for i in 0..self.held.len() {
-            if !range.contains(self.held[i].target) {
-                self.held[kept] = self.held[i];
-                self.held_features.copy_within(i * n_feat..(i + 1) * n_feat, kept * n_feat);
-                kept += 1;
-            }
-        }
-        self.held.truncate(kept);
-        self.held_features.truncate(kept * n_feat);
+    /// The first `n` queued rows went into the draft KV.
+    pub fn injected(&mut self, n: usize) {
+        self.map.inject(&self.queued.targets()[..n]);
+        self.queued.drop_front(n);
     }
 
-    /// Keeps the queued features whose rows survived a removal.
-    pub fn retain_queued(&mut self, kept: &[bool], n_feat: usize) {
-        let mut out = 0;
-        for (i, &keep) in kept.iter().enumerate() {
-            if keep {
-                self.queued.copy_within(i * n_feat..(i + 1) * n_feat, out * n_feat);
-                out += 1;
+    /// Forgets the rows at target positions in `range`; returns the draft KV
+    /// edits to apply. Removing every position from the outstanding draft's
+    /// anchor on cancels that draft: none of its verify rows can remain.
+    pub fn remove(&mut self, range: TargetRange, can_shift: bool) -> Vec<KvEdit> {
+        let edits = self.map.remove(range, can_shift);
+        self.queued.remove(range);
+        self.held.remove(range);
+        let anchor = self.outstanding.as_ref().map(|o| o.after_target.map_or(0, |t| t.saturating_add(1)));
+        if anchor.is_some_and(|a| range.p0 <= a && range.p1 == i32::MAX) {
+            self.held.clear();
+            self.outstanding = None;
+        }
+        edits
+    }
+
+    /// The target moved the rows at positions in `range` by `delta`.
+    pub fn shift_target(&mut self, range: TargetRange, delta: i32) {
+        self.map.shift_target(range, delta);
+        self.queued.shift_target(range, delta);
+        self.held.shift_target(range, delta);
+        if let Some(t) = self.outstanding.as_mut().and_then(|o| o.after_target.as_mut()) {
+            if range.contains(*t) {
+                *t = t.saturating_add(delta);
             }
         }
-        self.queued.truncate(out * n_feat);
     }
 }

@@ -3,13 +3,12 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::{self, Checkpoint, TargetFacts};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::log;
-use crate::params::{llama_spec_dflash2_image_rows, llama_spec_dflash2_params};
+use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::{ContextSetup, DraftContext, DraftModel, ModelLoad, TargetContext, ggml_backend_dev_t};
-
-use super::stats::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 
 /// Candidate ids travel through the lattice as f32, exact below 2^24.
 const MAX_VOCAB: u32 = 1 << 24;
@@ -24,16 +23,16 @@ pub struct Limits {
     pub p_min: f32,
 }
 
-pub fn limits(params: &llama_spec_dflash2_params, ckpt: &Checkpoint) -> Result<Limits> {
+pub fn limits(config: &Config, ckpt: &Checkpoint) -> Result<Limits> {
     let trained = ckpt.block_size as usize;
-    let block_size = match params.block_size {
-        0 => trained,
-        b if b as usize > trained => {
+    let block_size = match config.block_size {
+        None => trained,
+        Some(b) if b > trained => {
             return Err(Error::invalid(format!(
                 "block_size {b} exceeds the drafter's trained block size {trained}; only smaller blocks are allowed"
             )));
         }
-        b => b as usize,
+        Some(b) => b,
     };
     if block_size - 1 > LLAMA_SPEC_DFLASH2_MAX_DRAFT {
         return Err(Error::unsupported(format!(
@@ -41,20 +40,20 @@ pub fn limits(params: &llama_spec_dflash2_params, ckpt: &Checkpoint) -> Result<L
         )));
     }
     let most = block_size - 1;
-    let n_max = match params.n_max {
-        -1 => most,
-        n if n as usize > most => {
+    let n_max = match config.n_max {
+        None => most,
+        Some(n) if n > most => {
             log::warn(&format!("n_max {n} exceeds what a block of {block_size} drafts; clamping n_max to {most}"));
             most
         }
-        n => n as usize,
+        Some(n) => n,
     };
-    let mut n_min = params.n_min as usize;
+    let mut n_min = config.n_min;
     if n_min > n_max {
         log::warn(&format!("n_min {n_min} exceeds the effective n_max {n_max}; clamping n_min to {n_max}"));
         n_min = n_max;
     }
-    Ok(Limits { block_size, n_max, n_min, p_min: params.p_min })
+    Ok(Limits { block_size, n_max, n_min, p_min: config.p_min })
 }
 
 /// The drafter goes on the target's devices by default: a drafter that shares
@@ -62,7 +61,7 @@ pub fn limits(params: &llama_spec_dflash2_params, ckpt: &Checkpoint) -> Result<L
 /// so its scheduler must have the device that holds them (the crash of upstream's
 /// drafter-on-another-GPU). Named devices must then include all of the target's.
 fn choose_devices(
-    named: Option<Vec<ggml_backend_dev_t>>,
+    named: Option<&[ggml_backend_dev_t]>,
     ckpt: &Checkpoint,
     target: &TargetContext,
 ) -> Result<Vec<ggml_backend_dev_t>> {
@@ -80,7 +79,7 @@ fn choose_devices(
             )));
         }
     }
-    Ok(named)
+    Ok(named.to_vec())
 }
 
 /// Everything an engine owns once created.
@@ -89,82 +88,87 @@ pub struct Setup {
     pub limits: Limits,
     pub model: DraftModel,
     pub ctx: DraftContext,
-    pub n_seq: usize,
-    pub skip_image_rows: bool,
 }
 
-/// `devices` are the devices named in params (None: the default placement).
-pub fn create(
-    target: &TargetContext,
-    path: &Path,
-    params: &llama_spec_dflash2_params,
-    devices: Option<Vec<ggml_backend_dev_t>>,
-) -> Result<Setup> {
-    params.validate()?;
+/// Sizes the draft context needs for these limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextSize {
+    /// Cells asked for per sequence: the target's context plus a noise block.
+    pub n_ctx_seq: u32,
+    pub n_ubatch: u32,
+}
+
+/// Every sequence's noise block must fit one ubatch (non-causal attention needs
+/// the whole block in one pass); each sequence's KV stream is as long as the
+/// target's plus room for a noise block.
+pub fn context_size(config: &Config, limits: &Limits, n_ctx_seq_target: u32) -> Result<ContextSize> {
+    let n_noise = config.n_seq * limits.block_size;
+    let n_ubatch = match config.n_ubatch {
+        None => n_noise.max(512) as u32,
+        Some(n) if (n as usize) < n_noise => {
+            return Err(Error::invalid(format!(
+                "n_ubatch {n} cannot hold one block of every sequence ({} x {})",
+                config.n_seq, limits.block_size
+            )));
+        }
+        Some(n) => n,
+    };
+    Ok(ContextSize { n_ctx_seq: n_ctx_seq_target + limits.block_size as u32, n_ubatch })
+}
+
+/// Opens the drafter and checks it against the target and this library.
+pub fn open_drafter(path: &Path, target: &TargetFacts) -> Result<Checkpoint> {
     let ckpt = checkpoint::open(path)?;
-    checkpoint::check_target(&ckpt, &target.facts())?;
+    checkpoint::check_target(&ckpt, target)?;
     if ckpt.hparams.n_vocab > MAX_VOCAB {
         return Err(Error::unsupported(format!(
             "vocabulary of {} tokens: candidate ids travel as f32 and are exact only below 2^24",
             ckpt.hparams.n_vocab
         )));
     }
-    let limits = limits(params, &ckpt)?;
-    let devices = choose_devices(devices, &ckpt, target)?;
-    let n_seq = params.n_seq as usize;
+    Ok(ckpt)
+}
 
-    // every sequence's noise block must fit one ubatch: non-causal attention
-    // needs the whole block in one pass
-    let n_noise = n_seq * limits.block_size;
-    let n_ubatch = match params.n_ubatch {
-        0 => n_noise.max(512) as u32,
-        n if (n as usize) < n_noise => {
-            return Err(Error::invalid(format!(
-                "n_ubatch {n} cannot hold one block of every sequence ({n_seq} x {})",
-                limits.block_size
-            )));
-        }
-        n => n,
-    };
+pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Setup> {
+    let ckpt = open_drafter(path, &target.facts())?;
+    let limits = limits(config, &ckpt)?;
+    let devices = choose_devices(config.devices.as_deref(), &ckpt, target)?;
+    let size = context_size(config, &limits, target.n_ctx_seq())?;
 
     let model = DraftModel::load(
         path,
-        &ModelLoad { devices: &devices, n_gpu_layers: params.n_gpu_layers, use_extra_bufts: params.use_extra_bufts },
+        &ModelLoad {
+            devices: &devices,
+            n_gpu_layers: config.n_gpu_layers.map_or(-1, |n| n as i32),
+            use_extra_bufts: config.use_extra_bufts,
+        },
     )?;
     if model.selector_top_k() != ckpt.hparams.selector_top_k as i32 {
-        return Err(Error::new(
-            crate::Status::LLAMA_SPEC_DFLASH2_ERR_BACKEND,
-            format!(
-                "libllama loaded the drafter with selector top-k {}, the file says {}",
-                model.selector_top_k(),
-                ckpt.hparams.selector_top_k
-            ),
-        ));
+        return Err(Error::backend(format!(
+            "libllama loaded the drafter with selector top-k {}, the file says {}",
+            model.selector_top_k(),
+            ckpt.hparams.selector_top_k
+        )));
     }
 
-    // one KV stream per sequence (a noise block attends to its own sequence
-    // only), each as long as the target's plus room for a noise block
-    let n_ctx_seq = target.n_ctx_seq() + limits.block_size as u32;
+    // one KV stream per sequence: a noise block attends to its own sequence only
+    let n_seq = config.n_seq as u32;
     let (tgt_threads, tgt_threads_batch) = target.n_threads();
-    let pick = |v: i32, dflt: i32| if v > 0 { v } else { dflt };
     let ctx = DraftContext::new(
         &model,
         &ContextSetup {
-            n_ctx: n_ctx_seq * params.n_seq,
-            n_batch: n_ubatch,
-            n_ubatch,
-            n_seq: params.n_seq,
-            kv_unified: params.n_seq == 1,
-            type_k: (params.type_k >= 0).then_some(params.type_k),
-            type_v: (params.type_v >= 0).then_some(params.type_v),
-            n_threads: pick(params.n_threads, tgt_threads),
-            n_threads_batch: pick(params.n_threads_batch, tgt_threads_batch),
+            n_ctx: size.n_ctx_seq * n_seq,
+            n_batch: size.n_ubatch,
+            n_ubatch: size.n_ubatch,
+            n_seq,
+            kv_unified: n_seq == 1,
+            type_k: config.type_k.map(|t| t as i32),
+            type_v: config.type_v.map(|t| t as i32),
+            n_threads: config.n_threads.unwrap_or(tgt_threads),
+            n_threads_batch: config.n_threads_batch.unwrap_or(tgt_threads_batch),
             ctx_other: target.as_ptr(),
         },
     )?;
     ctx.configure(ckpt.causal);
-
-    let skip_image_rows =
-        params.image_rows_kind() == Some(llama_spec_dflash2_image_rows::LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP);
-    Ok(Setup { ckpt, limits, model, ctx, n_seq, skip_image_rows })
+    Ok(Setup { ckpt, limits, model, ctx })
 }

@@ -1,4 +1,4 @@
-//! The per-sequence state blob: the position map, queued features and the
+//! The per-sequence state blob: the position map, the queued rows and the
 //! sequence's draft KV bytes (libllama's own sequence state), behind a header
 //! that ties it to the drafter it came from. Sizes follow the sequence, not the
 //! context.
@@ -7,28 +7,31 @@
 //! u32 n_feat, u32 n_in_kv, n_in_kv x (i32 target, i32 draft), u32 n_queued,
 //! n_queued x i32 target, n_queued x n_feat f32, u64 kv length, kv bytes.
 
+use super::row_queue::RowQueue;
 use crate::error::{Error, Result};
 use crate::positions::{Entry, SeqMap};
 
 const MAGIC: &[u8; 4] = b"DF2S";
-const VERSION: u32 = 1;
+/// 2: the drafter fingerprint is computed from explicit checkpoint fields.
+const VERSION: u32 = 2;
 
 /// A decoded blob; `kv` borrows from the input.
 #[derive(Debug)]
 pub struct Decoded<'a> {
     pub map: SeqMap,
-    pub queued: Vec<f32>,
+    pub queued: RowQueue,
     pub kv: &'a [u8],
 }
 
 /// Bytes of the header and map for a sequence (without the KV bytes).
-pub fn header_len(map: &SeqMap, n_feat: usize) -> usize {
-    4 + 4 + 8 + 4 + 4 + map.in_kv().len() * 8 + 4 + map.queued().len() * (4 + 4 * n_feat) + 8
+pub fn header_len(map: &SeqMap, queued: &RowQueue) -> usize {
+    4 + 4 + 8 + 4 + 4 + map.in_kv().len() * 8 + 4 + queued.len() * (4 + 4 * queued.n_feat()) + 8
 }
 
 /// Writes everything before the KV bytes; the caller appends `kv_len` bytes.
-pub fn encode_header(fingerprint: u64, n_feat: usize, map: &SeqMap, queued: &[f32], kv_len: usize) -> Vec<u8> {
-    let mut b = Vec::with_capacity(header_len(map, n_feat));
+pub fn encode_header(fingerprint: u64, map: &SeqMap, queued: &RowQueue, kv_len: usize) -> Vec<u8> {
+    let n_feat = queued.n_feat();
+    let mut b = Vec::with_capacity(header_len(map, queued));
     b.extend_from_slice(MAGIC);
     b.extend_from_slice(&VERSION.to_le_bytes());
     b.extend_from_slice(&fingerprint.to_le_bytes());
@@ -38,11 +41,11 @@ pub fn encode_header(fingerprint: u64, n_feat: usize, map: &SeqMap, queued: &[f3
         b.extend_from_slice(&e.target.to_le_bytes());
         b.extend_from_slice(&e.draft.to_le_bytes());
     }
-    b.extend_from_slice(&(map.queued().len() as u32).to_le_bytes());
-    for t in map.queued() {
+    b.extend_from_slice(&(queued.len() as u32).to_le_bytes());
+    for t in queued.targets() {
         b.extend_from_slice(&t.to_le_bytes());
     }
-    for f in queued {
+    for f in queued.features() {
         b.extend_from_slice(&f.to_le_bytes());
     }
     b.extend_from_slice(&(kv_len as u64).to_le_bytes());
@@ -114,14 +117,14 @@ pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize) -> Result<Decoded<'
     for _ in 0..n_queued {
         targets.push(r.i32()?);
     }
-    let queued: Vec<f32> =
+    let features: Vec<f32> =
         r.take(n_queued * n_feat * 4)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
     let kv_len = r.u64()?;
     if kv_len != r.b.len() as u64 {
         return Err(Error::invalid("state blob is truncated or has trailing bytes"));
     }
-    let map =
-        SeqMap::from_parts(in_kv, targets).ok_or_else(|| Error::invalid("state blob holds a corrupt position map"))?;
+    let map = SeqMap::from_parts(in_kv).ok_or_else(|| Error::invalid("state blob holds a corrupt position map"))?;
+    let queued = RowQueue::from_parts(n_feat, targets, features).expect("lengths read from the same counts");
     Ok(Decoded { map, queued, kv: r.b })
 }
 
@@ -129,19 +132,18 @@ pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize) -> Result<Decoded<'
 mod tests {
     use super::*;
 
-    fn sample() -> (SeqMap, Vec<f32>) {
+    fn sample() -> (SeqMap, RowQueue) {
         let mut m = SeqMap::default();
-        m.commit(0);
-        m.commit(5);
-        m.inject(2);
-        m.commit(6);
-        (m, vec![1.0, 2.0])
+        m.inject(&[0, 5]);
+        let mut q = RowQueue::new(2);
+        q.push(6, &[1.0, 2.0]);
+        (m, q)
     }
 
     fn blob(kv: &[u8]) -> Vec<u8> {
         let (m, q) = sample();
-        let mut b = encode_header(42, 2, &m, &q, kv.len());
-        assert_eq!(b.len(), header_len(&m, 2));
+        let mut b = encode_header(42, &m, &q, kv.len());
+        assert_eq!(b.len(), header_len(&m, &q));
         b.extend_from_slice(kv);
         b
     }
@@ -151,7 +153,7 @@ mod tests {
         let b = blob(&[9, 9, 9]);
         let d = decode(&b, 42, 2).unwrap();
         assert_eq!(d.map, sample().0);
-        assert_eq!(d.queued, vec![1.0, 2.0]);
+        assert_eq!(d.queued, sample().1);
         assert_eq!(d.kv, &[9, 9, 9]);
     }
 

@@ -1,53 +1,42 @@
-//! Counters and timings of an engine, as C reads them.
+//! What an engine counts and times; the C API converts it to
+//! `llama_spec_dflash2_stats`.
 
-/// Draft positions tracked per position in the statistics.
-pub const LLAMA_SPEC_DFLASH2_MAX_DRAFT: usize = 64;
+use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 
-/// What an engine has done since it was created or its statistics were reset.
-#[allow(non_camel_case_types)]
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct llama_spec_dflash2_stats {
-    /// draft() calls.
+/// Counters and timings since the engine was created or its stats were reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stats {
     pub n_draft_calls: u64,
-    /// Per-sequence drafts that proposed at least one token.
+    /// Per-sequence drafts with at least one token.
     pub n_drafts: u64,
-    /// Tokens proposed.
     pub n_drafted: u64,
-    /// accept() calls.
     pub n_accept_calls: u64,
-    /// Drafted tokens the host accepted.
     pub n_accepted: u64,
-    /// drafted_at[i]: drafts that proposed a token at draft position i.
+    /// accept() calls that closed a draft of at least one token.
+    pub n_verify_steps: u64,
+    /// [i]: drafts with a token at draft position i.
     pub drafted_at: [u64; LLAMA_SPEC_DFLASH2_MAX_DRAFT],
-    /// accepted_at[i]: drafts whose token at position i was accepted;
-    /// accepted_at[i] / drafted_at[i] is the acceptance at position i.
+    /// [i]: drafts whose token at draft position i was accepted.
     pub accepted_at: [u64; LLAMA_SPEC_DFLASH2_MAX_DRAFT],
-    /// Target rows injected into the draft KV, and the decodes that did it.
     pub n_injected: u64,
     pub n_inject_decodes: u64,
-    /// Image rows left out (image_rows = SKIP).
     pub n_skipped_rows: u64,
-    /// Rows of verify batches dropped as rejected before reaching the draft KV.
     pub n_rejected_rows: u64,
-    /// Microseconds copying tap features out of the target (process).
     pub t_process_us: u64,
-    /// Microseconds of injection decodes.
     pub t_inject_us: u64,
-    /// Microseconds of noise-block decodes.
     pub t_draft_us: u64,
-    /// Microseconds walking the selector lattice.
     pub t_walk_us: u64,
 }
 
-impl Default for llama_spec_dflash2_stats {
+impl Default for Stats {
     fn default() -> Self {
-        llama_spec_dflash2_stats {
+        Stats {
             n_draft_calls: 0,
             n_drafts: 0,
             n_drafted: 0,
             n_accept_calls: 0,
             n_accepted: 0,
+            n_verify_steps: 0,
             drafted_at: [0; LLAMA_SPEC_DFLASH2_MAX_DRAFT],
             accepted_at: [0; LLAMA_SPEC_DFLASH2_MAX_DRAFT],
             n_injected: 0,
@@ -62,7 +51,7 @@ impl Default for llama_spec_dflash2_stats {
     }
 }
 
-impl llama_spec_dflash2_stats {
+impl Stats {
     pub fn record_draft(&mut self, n: usize) {
         if n > 0 {
             self.n_drafts += 1;
@@ -73,16 +62,46 @@ impl llama_spec_dflash2_stats {
         }
     }
 
-    pub fn record_accept(&mut self, n: usize) {
+    /// An accept() of `n_accepted` tokens of a draft of `n_drafted`.
+    pub fn record_accept(&mut self, n_drafted: usize, n_accepted: usize) {
         self.n_accept_calls += 1;
-        self.n_accepted += n as u64;
-        for slot in &mut self.accepted_at[..n.min(LLAMA_SPEC_DFLASH2_MAX_DRAFT)] {
+        self.n_accepted += n_accepted as u64;
+        if n_drafted > 0 {
+            self.n_verify_steps += 1;
+        }
+        for slot in &mut self.accepted_at[..n_accepted.min(LLAMA_SPEC_DFLASH2_MAX_DRAFT)] {
             *slot += 1;
         }
+    }
+
+    /// Mean tokens a verify step of a non-empty draft yields: its accepted
+    /// tokens plus the one the target adds; 0 before the first such step.
+    pub fn tau(&self) -> f64 {
+        if self.n_verify_steps == 0 {
+            return 0.0;
+        }
+        (self.n_accepted + self.n_verify_steps) as f64 / self.n_verify_steps as f64
     }
 }
 
 /// Microseconds since `t`.
 pub fn us_since(t: std::time::Instant) -> u64 {
     t.elapsed().as_micros() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tau_counts_the_bonus_token_of_every_verified_draft_and_ignores_empty_ones() {
+        let mut s = Stats::default();
+        assert_eq!(s.tau(), 0.0);
+        s.record_accept(3, 3); // 4 tokens
+        s.record_accept(3, 0); // 1 token
+        s.record_accept(0, 0); // no draft: no verify step
+        assert_eq!((s.n_accept_calls, s.n_verify_steps, s.n_accepted), (3, 2, 3));
+        assert_eq!(s.tau(), 2.5);
+        assert_eq!(&s.accepted_at[..4], &[1, 1, 1, 0]);
+    }
 }

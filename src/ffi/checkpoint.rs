@@ -1,10 +1,14 @@
-//! Checking a drafter file before anything loads it.
+//! A drafter file before anything loads it: is it one, is it valid for this
+//! target, how much memory will it take.
 
 use std::ffi::c_char;
 
-use super::guard::{guard, guard_status, path_arg};
+use super::boundary::{self, optional_output, output, path, target_model};
 use crate::checkpoint::{self, Checkpoint, MAX_TARGET_LAYERS};
-use crate::sys::{self, llama_model};
+use crate::config::Config;
+use crate::engine::estimate_memory;
+use crate::params::llama_spec_dflash2_params;
+use crate::sys::llama_model;
 
 /// Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 pub const LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS: usize = 64;
@@ -91,52 +95,77 @@ impl From<&Checkpoint> for llama_spec_dflash2_checkpoint_info {
 /// keys imply and none that libllama would not claim, the mask token inside the
 /// vocabulary. Truncated, corrupt or hostile files give an error, never a crash.
 ///
-/// With `model_tgt` (may be NULL) it also checks the drafter against that
-/// target: same n_embd and vocabulary, tap layers the target's architecture can
-/// capture. `info` (may be NULL) receives what the checkpoint declares.
+/// `path_draft` is a NUL-terminated path. With `model_tgt` (NULL allowed) it
+/// also checks the drafter against that target: same n_embd and vocabulary,
+/// tap layers the target's architecture can capture. `info` (NULL allowed)
+/// receives what the checkpoint declares, on success only.
 ///
 /// Returns 0, or LLAMA_SPEC_DFLASH2_ERR_IO / _BAD_CHECKPOINT / _INCOMPATIBLE /
 /// _UNSUPPORTED / _NULL_ARGUMENT with the reason in llama_spec_dflash2_last_error().
-/// `info` is written only on success.
-///
-/// # Safety
-/// `path_draft` must be NULL or a NUL-terminated string, `model_tgt` NULL or a
-/// live model, `info` NULL or writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_checkpoint_check(
     path_draft: *const c_char,
     model_tgt: *const llama_model,
     info: *mut llama_spec_dflash2_checkpoint_info,
 ) -> i32 {
-    guard_status(|| {
-        // SAFETY: per the function's contract.
-        let path = unsafe { path_arg(path_draft, "path_draft") }?;
-        let ckpt = checkpoint::open(&path)?;
+    boundary::status(|| {
+        let ckpt = checkpoint::open(&path(path_draft, "path_draft")?)?;
         if !model_tgt.is_null() {
-            // SAFETY: non-null, live per the contract.
-            let facts = unsafe { sys::target_facts(model_tgt) };
-            checkpoint::check_target(&ckpt, &facts)?;
+            checkpoint::check_target(&ckpt, &target_model(model_tgt, "model_tgt")?)?;
         }
-        // SAFETY: NULL or writable per the contract.
-        if let Some(out) = unsafe { info.as_mut() } {
+        if let Some(out) = optional_output(info) {
             *out = llama_spec_dflash2_checkpoint_info::from(&ckpt);
         }
         Ok(())
     })
 }
 
-/// True when `path` is a GGUF with architecture `dflash` and a DFlash2 selector.
-/// Reads the header only (no full validation, no load); false for NULL, missing
-/// or unreadable files.
-///
-/// # Safety
-/// `path` must be NULL or a NUL-terminated string.
+/// True when `path` (a NUL-terminated path) is a GGUF with architecture
+/// `dflash` and a DFlash2 selector. Reads the header only (no full validation,
+/// no load); false for NULL, missing or unreadable files.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_is_dflash2(path: *const c_char) -> bool {
-    guard(false, || {
-        // SAFETY: per the function's contract.
-        let path = unsafe { path_arg(path, "path") }?;
-        Ok(checkpoint::sniff(&path))
+    boundary::boolean(|| Ok(checkpoint::sniff(&boundary::path(path, "path")?)))
+}
+
+/// Writes to `*bytes` an estimate of the memory llama_spec_dflash2_init will
+/// allocate for the drafter at `path_draft` (a NUL-terminated path) next to
+/// the target `model_tgt`, with these `params`, for a target context of
+/// `n_ctx_seq` cells per sequence (llama_n_ctx_seq of the target context). The
+/// drafter goes on the target's devices (or params.devices); the bytes are the
+/// total over them of three parts.
+///
+/// Weights: the drafter's tensor data, exactly (llama_model_size once loaded);
+/// tensors it reads from the target stay the target's.
+///
+/// Draft KV, exactly: every layer's K and V rows (n_head_kv x head_dim values
+/// in type_k / type_v, F16 by default) for params.n_seq streams of
+/// n_ctx_seq + block_size cells each, rounded up to 256 cells as libllama does.
+///
+/// Compute buffers, estimated from above: per row of one ubatch (n_ubatch,
+/// 512 by default) the head's logits in f32, the row's tap features and their
+/// projection in f32 and the F16 attention mask over one stream; a quantized
+/// KV type adds an F16 copy of one layer's K and V. libllama's allocator reuses
+/// buffers between graph nodes, so it allocates up to about 15% less.
+///
+/// The host's own target KV and compute buffers are not included. Checks the
+/// file and the params as llama_spec_dflash2_init would (same errors), without
+/// loading anything. Returns 0, or a negative status with the reason in
+/// llama_spec_dflash2_last_error(); `*bytes` is written on success only.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_estimate_memory(
+    model_tgt: *const llama_model,
+    path_draft: *const c_char,
+    params: llama_spec_dflash2_params,
+    n_ctx_seq: u32,
+    bytes: *mut usize,
+) -> i32 {
+    boundary::status(|| {
+        let facts = target_model(model_tgt, "model_tgt")?;
+        let path = path(path_draft, "path_draft")?;
+        let out = output(bytes, "bytes")?;
+        let config = Config::from_c(&params, boundary::devices(params.devices)?)?;
+        *out = estimate_memory(&facts, &path, &config, n_ctx_seq)?.total() as usize;
+        Ok(())
     })
-    .0
 }

@@ -2,14 +2,18 @@
 
 use std::ffi::{c_char, c_void};
 
-use super::guard::{guard_status, last_error_ptr, null_argument};
+use super::boundary::{self, input, last_error_ptr};
+use crate::config::Config;
 use crate::error::Status;
 use crate::params::llama_spec_dflash2_params;
 
 /// Version of the C API in this header. It changes whenever a function or a
 /// struct of dflash2.h changes incompatibly; compare it with
 /// `llama_spec_dflash2_api_version()` to detect a header/library mismatch.
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 1;
+/// 2: llama_spec_dflash2_stats gained n_verify_steps and tau; a skipped
+/// accept() is an error; llama_spec_dflash2_verify_greedy and
+/// llama_spec_dflash2_estimate_memory.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 2;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).
@@ -30,18 +34,12 @@ pub extern "C" fn llama_spec_dflash2_default_params() -> llama_spec_dflash2_para
     llama_spec_dflash2_params::default()
 }
 
-/// Checks the fields of `params` that do not depend on a drafter.
-/// Returns 0, or a negative status with the reason in llama_spec_dflash2_last_error().
-///
-/// # Safety
-/// `params` must be NULL or point to a params struct.
+/// Checks the fields of `*params` that do not depend on a drafter.
+/// Returns 0, or a negative status with the reason (naming the field) in
+/// llama_spec_dflash2_last_error().
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_params_check(params: *const llama_spec_dflash2_params) -> i32 {
-    guard_status(|| {
-        // SAFETY: non-null per the check; the caller guarantees it points to a params struct.
-        let params = unsafe { params.as_ref() }.ok_or_else(|| null_argument("params"))?;
-        params.validate()
-    })
+    boundary::status(|| Config::from_c(input(params, "params")?, None).map(|_| ()))
 }
 
 /// Message of the last error on the calling thread ("" when the thread's last
@@ -63,11 +61,12 @@ pub extern "C" fn llama_spec_dflash2_status_name(status: i32) -> *const c_char {
 }
 
 /// Routes dflash2's log messages (warnings such as an n_max clamp, engine
-/// creation) to `log_callback`, like llama_log_set; NULL restores stderr.
+/// creation) to `log_callback`, like llama_log_set; NULL restores stderr. The
+/// callback and `user_data` must stay usable from any thread that calls dflash2.
 #[unsafe(no_mangle)]
 pub extern "C" fn llama_spec_dflash2_log_set(log_callback: crate::sys::ggml_log_callback, user_data: *mut c_void) {
-    guard_status(|| {
-        crate::log::set_callback(log_callback, user_data);
+    boundary::quiet(|| {
+        super::log::set_callback(log_callback, user_data);
         Ok(())
     });
 }

@@ -5,11 +5,7 @@ use std::path::Path;
 use std::ptr::NonNull;
 
 use super::*;
-use crate::error::{Error, Result, Status};
-
-fn backend(message: String) -> Error {
-    Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_BACKEND, message)
-}
+use crate::error::{Error, Result};
 
 /// How to load the drafter.
 pub struct ModelLoad<'a> {
@@ -46,7 +42,7 @@ impl DraftModel {
         };
         NonNull::new(model)
             .map(|model| DraftModel { model })
-            .ok_or_else(|| backend(format!("libllama could not load the drafter '{}'", path.display())))
+            .ok_or_else(|| Error::backend(format!("libllama could not load the drafter '{}'", path.display())))
     }
 
     pub fn as_ptr(&self) -> *mut llama_model {
@@ -62,11 +58,28 @@ impl DraftModel {
         // SAFETY: live model.
         unsafe { llama_model_n_embd(self.model.as_ptr()) }.max(0) as usize
     }
+
+    /// Bytes of the model's tensors (llama_model_size).
+    pub fn size(&self) -> u64 {
+        // SAFETY: live model.
+        unsafe { llama_model_size(self.model.as_ptr()) }
+    }
+}
+
+/// What a context holds over all its buffer types, as libllama reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// The model's weights.
+    pub weights: usize,
+    /// The context's memory: its KV cache.
+    pub kv: usize,
+    /// Compute buffers of the scheduler.
+    pub compute: usize,
 }
 
 impl Drop for DraftModel {
     fn drop(&mut self) {
-        // SAFETY: owned; every context on it was dropped first (field order in Draft).
+        // SAFETY: owned; every context on it was dropped first (field order in Engine).
         unsafe { llama_model_free(self.model.as_ptr()) }
     }
 }
@@ -119,7 +132,7 @@ impl DraftContext {
             }
             llama_init_from_model(model.as_ptr(), cp)
         };
-        let ctx = NonNull::new(ctx).ok_or_else(|| backend("libllama could not create the draft context".into()))?;
+        let ctx = NonNull::new(ctx).ok_or_else(|| Error::backend("libllama could not create the draft context"))?;
         Ok(DraftContext { ctx, n_embd: model.n_embd() })
     }
 
@@ -163,6 +176,13 @@ impl DraftContext {
             (!p.is_null() && n_rows <= llama_n_batch(self.ctx.as_ptr()) as usize)
                 .then(|| std::slice::from_raw_parts(p, n_rows * self.n_embd))
         }
+    }
+
+    pub fn memory_use(&self) -> Option<MemoryUse> {
+        let mut m = MemoryUse::default();
+        // SAFETY: live context; the out pointers are valid for the call.
+        let ok = unsafe { dflash2_shim_memory_breakdown(self.ctx.as_ptr(), &mut m.weights, &mut m.kv, &mut m.compute) };
+        ok.then_some(m)
     }
 
     fn memory(&self) -> llama_memory_t {
@@ -239,7 +259,7 @@ impl Batch {
     pub fn new(ctx: &DraftContext) -> Result<Batch> {
         // SAFETY: live context.
         let ptr = unsafe { llama_batch_ext_init(ctx.as_ptr()) };
-        NonNull::new(ptr).map(|ptr| Batch { ptr }).ok_or_else(|| backend("cannot create a draft batch".into()))
+        NonNull::new(ptr).map(|ptr| Batch { ptr }).ok_or_else(|| Error::backend("cannot create a draft batch"))
     }
 
     pub fn clear(&mut self) {
@@ -254,13 +274,13 @@ impl Batch {
         if unsafe { llama_batch_ext_set_pos(self.ptr.as_ptr(), idx, p.as_ptr()) } {
             Ok(())
         } else {
-            Err(backend(format!("cannot set position of batch row {idx}")))
+            Err(Error::backend(format!("cannot set position of batch row {idx}")))
         }
     }
 
     fn added(&mut self, idx: i32, what: &str) -> Result<i32> {
         if idx < 0 {
-            return Err(backend(format!("cannot add {what} to the draft batch (code {idx})")));
+            return Err(Error::backend(format!("cannot add {what} to the draft batch (code {idx})")));
         }
         Ok(idx)
     }

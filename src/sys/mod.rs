@@ -12,7 +12,7 @@ mod model;
 mod target;
 
 pub use bindings::*;
-pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, ModelLoad};
+pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, MemoryUse, ModelLoad};
 pub use model::target_facts;
 pub use target::TargetContext;
 
@@ -20,15 +20,17 @@ pub use target::TargetContext;
 unsafe extern "C" {
     pub fn dflash2_shim_set_embeddings_nextn(ctx: *mut llama_context, value: bool, masked: bool);
     pub fn dflash2_shim_get_embeddings_nextn(ctx: *mut llama_context) -> *mut f32;
-    pub fn dflash2_shim_get_embeddings_nextn_ith(ctx: *mut llama_context, i: i32) -> *mut f32;
     pub fn dflash2_shim_set_embeddings_layer_inp(ctx: *mut llama_context, lid: u32, value: bool);
     pub fn dflash2_shim_get_embeddings_layer_inp(ctx: *mut llama_context, lid: u32) -> *mut f32;
-    pub fn dflash2_shim_get_ctx_other(ctx: *mut llama_context) -> *mut llama_context;
     pub fn dflash2_shim_model_dflash_selector_top_k(model: *const llama_model) -> i32;
-    pub fn dflash2_shim_model_target_layer_ids(model: *const llama_model) -> *const i32;
-    pub fn dflash2_shim_model_target_layer_ids_n(model: *const llama_model) -> u32;
     pub fn dflash2_shim_model_n_devices(model: *const llama_model) -> i32;
     pub fn dflash2_shim_model_get_device(model: *const llama_model, i: i32) -> ggml_backend_dev_t;
+    pub fn dflash2_shim_memory_breakdown(
+        ctx: *const llama_context,
+        model: *mut usize,
+        context: *mut usize,
+        compute: *mut usize,
+    ) -> bool;
 }
 
 /// Maps a file read-only.

@@ -67,6 +67,28 @@ impl TargetContext {
         }
     }
 
+    /// Tokens in the target's vocabulary.
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: the vocabulary of a live model.
+        unsafe {
+            let vocab = llama_model_get_vocab(self.model());
+            if vocab.is_null() { 0 } else { llama_vocab_n_tokens(vocab).max(0) as usize }
+        }
+    }
+
+    /// The logits of row `i` of the last decode (`n_vocab` floats); None when
+    /// that row did not ask for logits or is out of range.
+    pub fn logits(&self, i: i32) -> Option<&[f32]> {
+        let n_vocab = self.n_vocab();
+        // SAFETY: live context; libllama checks `i` (NULL for a row without
+        // logits) and keeps the row until the next decode, which cannot happen
+        // while the host is inside an engine call.
+        unsafe {
+            let p = llama_get_logits_ith(self.ctx.as_ptr(), i);
+            (!p.is_null()).then(|| std::slice::from_raw_parts(p, n_vocab))
+        }
+    }
+
     /// Turns capture of the input of target layer `lid` on or off.
     pub fn set_layer_capture(&self, lid: u32, on: bool) {
         // SAFETY: live context; the caller checked lid against the target's layers.

@@ -55,6 +55,26 @@ impl Spec {
         assert_eq!(rc, 0, "accept: {}", last_error());
     }
 
+    /// llama_spec_dflash2_verify_greedy: the tokens the host emits this step.
+    pub fn verify_greedy(&self, seq: i32, i_batch: &[i32]) -> Vec<i32> {
+        let mut out = vec![0i32; i_batch.len()];
+        let mut n = 0;
+        let rc = unsafe {
+            llama_spec_dflash2_verify_greedy(
+                self.0,
+                seq,
+                i_batch.as_ptr(),
+                i_batch.len() as i32,
+                out.as_mut_ptr(),
+                out.len() as i32,
+                &mut n,
+            )
+        };
+        assert_eq!(rc, 0, "verify_greedy: {}", last_error());
+        out.truncate(n as usize);
+        out
+    }
+
     pub fn seq_rm(&self, seq: i32, p0: i32, p1: i32) {
         let rc = unsafe { llama_spec_dflash2_seq_rm(self.0, seq, p0, p1) };
         assert_eq!(rc, 0, "seq_rm: {}", last_error());
@@ -162,6 +182,45 @@ pub fn generate(target: &mut Target, spec: &Spec, streams: &mut [Stream], n_gen:
             spec.seq_rm(s.seq, keep, -1);
             s.n_past = keep;
             s.id_last = v[n_acc];
+        }
+    }
+}
+
+/// `generate` with the verification done by llama_spec_dflash2_verify_greedy
+/// instead of the host's own argmax. Returns the number of verify steps.
+pub fn generate_verified(target: &mut Target, spec: &Spec, streams: &mut [Stream], n_gen: usize, n_max: i32) -> usize {
+    let mut steps = 0;
+    loop {
+        let active: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].out.len() < n_gen).collect();
+        if active.is_empty() {
+            return steps;
+        }
+        steps += 1;
+        let reqs: Vec<llama_spec_dflash2_draft_request> = active
+            .iter()
+            .map(|&i| llama_spec_dflash2_draft_request { seq_id: streams[i].seq, id_last: streams[i].id_last, n_max })
+            .collect();
+        let drafts = spec.draft(&reqs);
+        let mut rows = Vec::new();
+        let mut first = Vec::new();
+        for (k, &i) in active.iter().enumerate() {
+            let s = &streams[i];
+            first.push(rows.len() as i32);
+            rows.push(TRow { seq: s.seq, token: s.id_last, pos: s.n_past, logits: true });
+            for (j, &t) in drafts[k].iter().enumerate() {
+                rows.push(TRow { seq: s.seq, token: t, pos: s.n_past + 1 + j as i32, logits: true });
+            }
+        }
+        target.decode(&rows);
+        spec.process(target);
+        for (k, &i) in active.iter().enumerate() {
+            let i_batch: Vec<i32> = (0..=drafts[k].len() as i32).map(|j| first[k] + j).collect();
+            let s = &mut streams[i];
+            let emitted = spec.verify_greedy(s.seq, &i_batch);
+            s.out.extend_from_slice(&emitted);
+            s.n_past += emitted.len() as i32;
+            target.seq_rm(s.seq, s.n_past, -1);
+            s.id_last = *emitted.last().unwrap();
         }
     }
 }

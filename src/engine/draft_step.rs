@@ -1,0 +1,181 @@
+//! The draft step: one noise-block decode for every drafting sequence, the
+//! selector walk over each block's lattice, the drafts handed out.
+
+use std::time::Instant;
+
+use super::sequence::Outstanding;
+use super::stats::us_since;
+use super::{Engine, Request};
+use crate::error::{Error, Result};
+use crate::log;
+use crate::selector::{Lattice, Pick, WalkLimits, greedy_walk_scored};
+use crate::sys::DraftContext;
+
+/// A request's noise block in the draft batch.
+#[derive(Clone, Copy)]
+struct Block {
+    /// Index of the request.
+    request: usize,
+    seq: i32,
+    /// Draft position of the block's anchor.
+    anchor: i32,
+}
+
+/// Noise blocks in (or about to enter) the draft KV: dropping this takes them
+/// out again, on every path out of the draft step.
+struct NoiseBlocks<'a> {
+    ctx: &'a DraftContext,
+    blocks: Vec<Block>,
+}
+
+impl Drop for NoiseBlocks<'_> {
+    fn drop(&mut self) {
+        for b in &self.blocks {
+            self.ctx.seq_rm(b.seq, b.anchor, -1);
+        }
+    }
+}
+
+impl Engine {
+    /// Most tokens one request may draft now.
+    fn request_cap(&self, r: &Request) -> usize {
+        (r.n_max as usize).min(self.limits.n_max)
+    }
+
+    /// Checks a draft call before anything changes.
+    fn check_requests(&self, reqs: &[Request], n_tokens: usize, n_lengths: usize) -> Result<()> {
+        let mut seen = vec![false; self.seqs.len()];
+        for r in reqs {
+            let s = self.seq_index(r.seq)?;
+            if std::mem::replace(&mut seen[s], true) {
+                return Err(Error::invalid(format!("sequence {} appears twice in one draft call", r.seq)));
+            }
+            if r.id_last < 0 || r.id_last as usize >= self.n_vocab {
+                return Err(Error::invalid(format!("id_last {} is not a token of the vocabulary", r.id_last)));
+            }
+            if r.n_max <= 0 {
+                return Err(Error::invalid(format!("n_max {} for sequence {} (must be > 0)", r.n_max, r.seq)));
+            }
+        }
+        let needed: usize = reqs.iter().map(|r| self.request_cap(r)).sum();
+        if n_tokens < needed || n_lengths < reqs.len() {
+            return Err(Error::buffer_too_small(format!(
+                "the output holds {n_tokens} tokens, these requests may draft {needed}"
+            )));
+        }
+        for r in reqs {
+            if let Some(n) = self.seqs[r.seq as usize].outstanding.as_ref().map(|o| o.tokens.len()).filter(|&n| n > 0) {
+                return Err(Error::invalid_state(format!(
+                    "sequence {}: the previous draft ({n} tokens) was never accepted; call \
+                     llama_spec_dflash2_accept() after verifying it (or llama_spec_dflash2_seq_clear() to drop it)",
+                    r.seq
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drafts for several sequences with one noise-block decode. `tokens`
+    /// receives the drafts concatenated in request order, `n_drafted[i]` the
+    /// length of request i's draft.
+    pub fn draft(&mut self, reqs: &[Request], tokens: &mut [i32], n_drafted: &mut [i32]) -> Result<()> {
+        self.check_requests(reqs, tokens.len(), n_drafted.len())?;
+        self.stats.n_draft_calls += 1;
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let drafting = self.policy.as_mut().is_none_or(|p| p.begin_step(Instant::now(), reqs.len()));
+        // a zero-length draft needs no accept(): it closes here
+        for r in reqs {
+            self.seqs[r.seq as usize].outstanding = None;
+        }
+        self.flush()?;
+
+        let width = if drafting { reqs.iter().map(|r| self.request_cap(r)).max().unwrap_or(0) + 1 } else { 0 };
+        let blocks = if drafting { self.fill_noise_batch(reqs, width)? } else { Vec::new() };
+        let drafts = self.decode_and_walk(reqs, blocks, width)?;
+
+        let mut at = 0;
+        for (i, r) in reqs.iter().enumerate() {
+            let d = &drafts[i];
+            for (slot, pick) in tokens[at..at + d.len()].iter_mut().zip(d) {
+                *slot = pick.token;
+            }
+            at += d.len();
+            n_drafted[i] = d.len() as i32;
+            let seq = &mut self.seqs[r.seq as usize];
+            seq.outstanding = Some(Outstanding {
+                tokens: d.iter().map(|p| p.token).collect(),
+                confidences: d.iter().map(|p| p.confidence).collect(),
+                after_target: seq.last_target_pos(),
+            });
+            self.stats.record_draft(d.len());
+        }
+        if let Some(policy) = self.policy.as_mut() {
+            policy.draft_done(Instant::now());
+        }
+        Ok(())
+    }
+
+    /// Puts [id_last, mask, mask, ...] of `width` rows for every request whose
+    /// sequence has room into the draft batch, in sequence order.
+    fn fill_noise_batch(&mut self, reqs: &[Request], width: usize) -> Result<Vec<Block>> {
+        let mut order: Vec<usize> = (0..reqs.len()).collect();
+        order.sort_by_key(|&i| reqs[i].seq);
+        let n_ctx_seq = self.ctx.n_ctx_seq() as i32;
+        self.batch.clear();
+        let mut blocks = Vec::with_capacity(reqs.len());
+        for i in order {
+            let r = reqs[i];
+            let anchor = self.seqs[r.seq as usize].map.next_draft_pos();
+            if anchor + width as i32 > n_ctx_seq {
+                log::warn(&format!("sequence {}: the draft KV has no room for a block; not drafting", r.seq));
+                continue;
+            }
+            for p in 0..width {
+                let token = if p == 0 { r.id_last } else { self.mask_token };
+                self.batch.add_token(r.seq, token, anchor + p as i32)?;
+            }
+            blocks.push(Block { request: i, seq: r.seq, anchor });
+        }
+        Ok(blocks)
+    }
+
+    /// Decodes the noise blocks and walks each block's lattice; the blocks
+    /// leave the draft KV before this returns, whatever happens.
+    fn decode_and_walk(&mut self, reqs: &[Request], blocks: Vec<Block>, width: usize) -> Result<Vec<Vec<Pick>>> {
+        let mut drafts: Vec<Vec<Pick>> = vec![Vec::new(); reqs.len()];
+        if blocks.is_empty() {
+            return Ok(drafts);
+        }
+        let caps: Vec<usize> = reqs.iter().map(|r| self.request_cap(r)).collect();
+        let noise = NoiseBlocks { ctx: &self.ctx, blocks };
+
+        let t = Instant::now();
+        let decoded = noise.ctx.decode(&self.batch);
+        self.stats.t_draft_us += us_since(t);
+        if let Some(policy) = self.policy.as_mut() {
+            policy.draft_decode_seen(t.elapsed().as_secs_f64());
+        }
+        decoded
+            .map_err(|rc| Error::backend(format!("draft noise-block decode failed (llama_process returned {rc})")))?;
+
+        let t = Instant::now();
+        let n_rows = noise.blocks.len() * width;
+        let lattice = noise.ctx.lattice(n_rows).ok_or_else(|| Error::backend("the drafter produced no lattice"))?;
+        let row = width * self.n_embd_draft;
+        for (b, block) in noise.blocks.iter().enumerate() {
+            let lattice = Lattice::new(&lattice[b * row..(b + 1) * row], self.n_embd_draft, self.top_k)
+                .expect("the checkpoint check guarantees n_embd >= k(k+1)");
+            let limits = WalkLimits { n_max: caps[block.request], n_min: self.limits.n_min, p_min: self.limits.p_min };
+            let mut picks = greedy_walk_scored(&lattice, limits, self.n_vocab);
+            if let Some(policy) = self.policy.as_mut() {
+                let confidences: Vec<f32> = picks.iter().map(|p| p.confidence).collect();
+                picks.truncate(policy.keep(&confidences));
+            }
+            drafts[block.request] = picks;
+        }
+        self.stats.t_walk_us += us_since(t);
+        Ok(drafts)
+    }
+}

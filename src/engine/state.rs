@@ -1,0 +1,74 @@
+//! Saving and restoring one sequence: its position map, queued rows and draft
+//! KV cells in a state blob (`state_blob` holds the format).
+
+use super::{Engine, state_blob};
+use crate::error::{Error, Result};
+use crate::positions::TargetRange;
+
+impl Engine {
+    fn check_saveable(&self, s: usize) -> Result<()> {
+        if !self.seqs[s].held.is_empty() {
+            return Err(Error::invalid_state(format!(
+                "sequence {s} has verify rows awaiting accept(); save its state after accept()"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Bytes `state_get` writes for `seq`. Injects waiting rows first: KV cells
+    /// are far smaller than the raw tap features of queued rows.
+    pub fn state_size(&mut self, seq: i32) -> Result<usize> {
+        let s = self.seq_index(seq)?;
+        self.check_saveable(s)?;
+        self.flush()?;
+        let q = &self.seqs[s];
+        Ok(state_blob::header_len(&q.map, &q.queued) + self.ctx.state_seq_size(seq))
+    }
+
+    /// Writes the state of `seq` into `dst`; returns the bytes written.
+    pub fn state_get(&mut self, seq: i32, dst: &mut [u8]) -> Result<usize> {
+        let size = self.state_size(seq)?;
+        if dst.len() < size {
+            return Err(Error::buffer_too_small(format!(
+                "state of sequence {seq} needs {size} bytes, the buffer has {}",
+                dst.len()
+            )));
+        }
+        let q = &self.seqs[seq as usize];
+        let h = state_blob::header_len(&q.map, &q.queued);
+        let kv_len = size - h;
+        let n = self.ctx.state_seq_get(seq, &mut dst[h..h + kv_len]);
+        if n == 0 || n > kv_len {
+            return Err(Error::backend(format!("libllama could not save the draft KV of sequence {seq}")));
+        }
+        let header = state_blob::encode_header(self.fingerprint, &q.map, &q.queued, n);
+        dst[..h].copy_from_slice(&header);
+        Ok(h + n)
+    }
+
+    /// Replaces the state of `seq` with a blob from `state_get` (of this or
+    /// another engine with the same drafter). On a libllama failure the
+    /// sequence is left empty.
+    pub fn state_set(&mut self, seq: i32, src: &[u8]) -> Result<()> {
+        let s = self.seq_index(seq)?;
+        let blob = state_blob::decode(src, self.fingerprint, self.n_feat)?;
+        let expected_max = blob.map.in_kv().last().map_or(-1, |e| e.draft);
+        if expected_max >= self.ctx.n_ctx_seq() as i32 {
+            return Err(Error::invalid("state blob holds more positions than the draft KV of this engine"));
+        }
+        self.remove_range(s, TargetRange::all())?;
+        if !blob.map.in_kv().is_empty() {
+            let n = self.ctx.state_seq_set(seq, blob.kv);
+            if n == 0 || self.ctx.seq_pos_max(seq) != expected_max {
+                self.ctx.seq_rm(seq, -1, -1);
+                return Err(Error::invalid(format!(
+                    "the draft KV in the state blob does not load into sequence {seq} (or does not match its map)"
+                )));
+            }
+        }
+        let q = &mut self.seqs[s];
+        q.map = blob.map;
+        q.queued = blob.queued;
+        Ok(())
+    }
+}
