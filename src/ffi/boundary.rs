@@ -28,16 +28,20 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+// The thread's last error is reached with `try_with`: a host may call dflash2
+// from a thread-exit destructor (freeing an engine held in thread-local
+// storage), after this slot is gone; the call must still work, not panic.
+
 fn set_last_error(err: &Error) {
     // interior NULs would truncate the C string; replace them
     let text = CString::new(err.message.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = text);
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = text);
 }
 
 /// Pointer to this thread's last error message; valid until the thread's next
-/// dflash2 call.
+/// dflash2 call ("" once the thread is exiting).
 pub(super) fn last_error_ptr() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR.try_with(|e| e.borrow().as_ptr()).unwrap_or(c"".as_ptr())
 }
 
 fn panic_error(payload: Box<dyn std::any::Any + Send>) -> Error {
@@ -52,7 +56,7 @@ fn panic_error(payload: Box<dyn std::any::Any + Send>) -> Error {
 /// The boundary: runs `body`; an error or a panic is recorded as the thread's
 /// last error and returned.
 fn run<T>(body: impl FnOnce() -> Result<T>) -> Result<T> {
-    LAST_ERROR.with(|e| *e.borrow_mut() = CString::default());
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = CString::default());
     let result = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| Err(panic_error(payload)));
     if let Err(e) = &result {
         set_last_error(e);
@@ -243,5 +247,29 @@ mod tests {
         assert!(last_error().contains("'info'"));
         assert_eq!(slice::<i32>(std::ptr::null(), 0, "rows").unwrap().len(), 0);
         assert!(slice::<i32>(std::ptr::null(), 2, "rows").is_err());
+    }
+
+    #[test]
+    fn calls_from_a_thread_exit_destructor_still_answer() {
+        // a host's engine held in thread-local storage is freed when its thread
+        // exits, possibly after the last-error slot was destroyed
+        struct FreedAtExit;
+        impl Drop for FreedAtExit {
+            fn drop(&mut self) {
+                assert_eq!(status(|| Err(Error::invalid("late"))), -2);
+                assert_eq!(status(|| Ok(())), 0);
+                // SAFETY: a NUL-terminated string, static or the thread's own.
+                assert!(unsafe { CStr::from_ptr(last_error_ptr()) }.to_bytes().len() < 8);
+            }
+        }
+        thread_local! {
+            static HELD: RefCell<Option<FreedAtExit>> = const { RefCell::new(None) };
+        }
+        let t = std::thread::spawn(|| {
+            // registered first, so destroyed after LAST_ERROR
+            HELD.with(|h| *h.borrow_mut() = Some(FreedAtExit));
+            status(|| Err(Error::invalid("early")));
+        });
+        assert!(t.join().is_ok(), "a dflash2 call from a thread-exit destructor panicked");
     }
 }
