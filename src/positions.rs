@@ -6,6 +6,12 @@
 //! arrive in target coordinates and are translated here into draft KV edits.
 //! Pure bookkeeping; the engine applies the edits to the draft context.
 
+/// Target positions at or above this are refused (process, shifts, state
+/// blobs): no context holds them, and keeping below it leaves shifts room
+/// before i32 overflows.
+/// cbindgen:ignore
+pub const MAX_TARGET_POS: i32 = 1 << 30;
+
 /// One row in the draft KV: its target position and its draft position.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Entry {
@@ -139,11 +145,14 @@ impl SeqMap {
         }
     }
 
-    /// Rebuilds a map from saved entries, checking that draft positions increase.
-    pub fn from_parts(in_kv: Vec<Entry>) -> Option<SeqMap> {
-        let increasing = in_kv.windows(2).all(|w| w[0].draft < w[1].draft);
-        let non_negative = in_kv.first().is_none_or(|e| e.draft >= 0);
-        (increasing && non_negative).then_some(SeqMap { in_kv })
+    /// Rebuilds a map from saved entries, checking what every map holds:
+    /// draft positions increase from >= 0 (from 0 without gaps when `dense`),
+    /// target positions lie in [0, MAX_TARGET_POS) and never go back.
+    pub fn from_parts(in_kv: Vec<Entry>, dense: bool) -> Option<SeqMap> {
+        let increasing = in_kv.windows(2).all(|w| w[0].draft < w[1].draft && w[0].target <= w[1].target);
+        let in_range = in_kv.iter().all(|e| e.draft >= 0 && (0..MAX_TARGET_POS).contains(&e.target));
+        let gapless = !dense || in_kv.iter().enumerate().all(|(i, e)| e.draft == i as i32);
+        (increasing && in_range && gapless).then_some(SeqMap { in_kv })
     }
 }
 
@@ -234,8 +243,13 @@ mod tests {
     #[test]
     fn saved_parts_must_have_increasing_draft_positions() {
         let e = |target, draft| Entry { target, draft };
-        assert!(SeqMap::from_parts(vec![e(0, 0), e(1, 2)]).is_some());
-        assert!(SeqMap::from_parts(vec![e(0, 1), e(1, 1)]).is_none());
-        assert!(SeqMap::from_parts(vec![e(0, -1)]).is_none());
+        assert!(SeqMap::from_parts(vec![e(0, 0), e(1, 2)], false).is_some());
+        assert!(SeqMap::from_parts(vec![e(0, 0), e(1, 2)], true).is_none());
+        assert!(SeqMap::from_parts(vec![e(0, 0), e(0, 1), e(3, 2)], true).is_some());
+        assert!(SeqMap::from_parts(vec![e(0, 1), e(1, 1)], false).is_none());
+        assert!(SeqMap::from_parts(vec![e(0, -1)], false).is_none());
+        assert!(SeqMap::from_parts(vec![e(-1, 0)], false).is_none());
+        assert!(SeqMap::from_parts(vec![e(MAX_TARGET_POS, 0)], false).is_none());
+        assert!(SeqMap::from_parts(vec![e(2, 0), e(1, 1)], false).is_none());
     }
 }

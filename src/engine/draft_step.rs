@@ -64,6 +64,14 @@ impl Engine {
             )));
         }
         for r in reqs {
+            let q = &self.seqs[r.seq as usize];
+            if q.map.in_kv().is_empty() && q.queued.is_empty() {
+                return Err(Error::invalid_state(format!(
+                    "sequence {}: nothing to draft from: decode its prompt on the target and pass the rows to \
+                     llama_spec_dflash2_process() first",
+                    r.seq
+                )));
+            }
             if let Some(n) = self.seqs[r.seq as usize].outstanding.as_ref().map(|o| o.tokens.len()).filter(|&n| n > 0) {
                 return Err(Error::invalid_state(format!(
                     "sequence {}: the previous draft ({n} tokens) was never accepted; call \

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::stats::us_since;
 use super::{Engine, Row};
 use crate::error::{Error, Result};
+use crate::positions::MAX_TARGET_POS;
 
 /// Committed rows waiting for injection beyond which process() injects at once.
 const FLUSH_ROWS: usize = 64;
@@ -24,8 +25,11 @@ impl Engine {
                     r.i_batch
                 )));
             }
-            if r.pos < 0 {
-                return Err(Error::invalid(format!("row {} has position {}", r.i_batch, r.pos)));
+            if !(0..MAX_TARGET_POS).contains(&r.pos) {
+                return Err(Error::invalid(format!(
+                    "row {} has position {} (positions lie in [0, {MAX_TARGET_POS}))",
+                    r.i_batch, r.pos
+                )));
             }
         }
         // per sequence: rows in this call, and the newest position seen

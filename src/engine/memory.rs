@@ -4,7 +4,7 @@
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::positions::{KvEdit, TargetRange};
+use crate::positions::{KvEdit, MAX_TARGET_POS, TargetRange};
 
 impl Engine {
     /// The sequences a memory call addresses: one, or all for seq < 0.
@@ -57,10 +57,34 @@ impl Engine {
     }
 
     /// The target moved positions [p0, p1) by `delta` (context shift, cache
-    /// reuse). Draft positions stay dense; only the map changes.
+    /// reuse). Draft positions stay dense; only the map changes. As in
+    /// libllama, rows moved below position 0 are removed; a shift that would
+    /// move a row to MAX_TARGET_POS or beyond is refused before anything changes.
     pub fn seq_shift(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        if p1 >= 0 && p0 > p1 {
+            return Err(Error::invalid(format!("seq_shift range [{p0}, {p1}) is reversed")));
+        }
         let range = TargetRange::new(p0, p1);
-        for s in self.seq_targets(seq)? {
+        let targets = self.seq_targets(seq)?;
+        if delta > 0 {
+            for s in targets.clone() {
+                if let Some(top) = self.seqs[s].last_target_in(range) {
+                    if top as i64 + delta as i64 >= MAX_TARGET_POS as i64 {
+                        return Err(Error::invalid(format!(
+                            "seq_shift by {delta} moves sequence {s}'s row at {top} past position {MAX_TARGET_POS}"
+                        )));
+                    }
+                }
+            }
+        }
+        for s in targets {
+            if delta < 0 {
+                // the rows that would land below 0
+                let below = TargetRange::new(range.p0, range.p1.min(delta.saturating_neg()));
+                if below.p0 < below.p1 {
+                    self.remove_range(s, below)?;
+                }
+            }
             self.seqs[s].shift_target(range, delta);
         }
         Ok(())

@@ -8,6 +8,7 @@
 //! file: `feed` (target rows in: process, accept), `draft_step`, `verify`,
 //! `memory` (the host's memory operations), `state` (save and restore).
 
+mod claim;
 mod draft_step;
 mod estimate;
 mod feed;
@@ -93,11 +94,14 @@ pub struct Engine {
     scratch: Vec<f32>,
     /// The adaptive walk's model; it keeps its own clocks.
     policy: Option<AdaptivePolicy>,
+    /// Released after Drop turned the capture off (fields drop after drop()).
+    _claim: claim::TargetClaim,
 }
 
 impl Engine {
     /// Creates an engine for the host's target context.
     pub fn new(target: TargetContext, path: &Path, config: &Config) -> Result<Engine> {
+        let claim = claim::TargetClaim::take(target.as_ptr() as usize)?;
         let s = setup::create(&target, path, config)?;
         let taps: Vec<u32> = s.ckpt.hparams.target_layers.iter().map(|&l| l as u32).collect();
         let n_embd_tgt = target.n_embd();
@@ -136,6 +140,7 @@ impl Engine {
             fingerprint: s.ckpt.fingerprint(),
             evaluated_at_init,
             target_decoded: false,
+            _claim: claim,
             stats: Stats::default(),
             scratch: Vec::new(),
             policy: (config.walk == Walk::Adaptive).then(|| AdaptivePolicy::new(s.limits.n_max)),
@@ -162,6 +167,11 @@ impl Engine {
     /// Bytes of the drafter's weights (llama_model_size).
     pub fn weight_bytes(&self) -> u64 {
         self.model.size()
+    }
+
+    /// Sequences the engine serves (ids 0 .. n_seq-1).
+    pub fn n_seq(&self) -> usize {
+        self.seqs.len()
     }
 
     fn seq_index(&self, seq: i32) -> Result<usize> {

@@ -97,6 +97,13 @@ impl Sequence {
         edits
     }
 
+    /// The highest target position of a row (in the KV, queued or held) in `range`.
+    pub fn last_target_in(&self, range: TargetRange) -> Option<i32> {
+        let kv = self.map.in_kv().iter().map(|e| e.target);
+        let rows = self.queued.targets().iter().chain(self.held.targets()).copied();
+        kv.chain(rows).filter(|&t| range.contains(t)).max()
+    }
+
     /// The target moved the rows at positions in `range` by `delta`.
     pub fn shift_target(&mut self, range: TargetRange, delta: i32) {
         self.map.shift_target(range, delta);

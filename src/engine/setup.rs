@@ -130,6 +130,14 @@ pub fn open_drafter(path: &Path, target: &TargetFacts) -> Result<Checkpoint> {
 }
 
 pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Setup> {
+    // the host's sequence ids are the target's: more than it has cannot occur
+    if config.n_seq > target.n_seq_max() as usize {
+        return Err(Error::invalid(format!(
+            "n_seq = {} exceeds the target context's n_seq_max ({})",
+            config.n_seq,
+            target.n_seq_max()
+        )));
+    }
     let ckpt = open_drafter(path, &target.facts())?;
     let limits = limits(config, &ckpt)?;
     let devices = choose_devices(config.devices.as_deref(), &ckpt, target)?;

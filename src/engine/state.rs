@@ -51,7 +51,7 @@ impl Engine {
     /// sequence is left empty.
     pub fn state_set(&mut self, seq: i32, src: &[u8]) -> Result<()> {
         let s = self.seq_index(seq)?;
-        let blob = state_blob::decode(src, self.fingerprint, self.n_feat)?;
+        let blob = state_blob::decode(src, self.fingerprint, self.n_feat, self.can_shift)?;
         let expected_max = blob.map.in_kv().last().map_or(-1, |e| e.draft);
         if expected_max >= self.ctx.n_ctx_seq() as i32 {
             return Err(Error::invalid("state blob holds more positions than the draft KV of this engine"));
@@ -59,7 +59,8 @@ impl Engine {
         self.remove_range(s, TargetRange::all())?;
         if !blob.map.in_kv().is_empty() {
             let n = self.ctx.state_seq_set(seq, blob.kv);
-            if n == 0 || self.ctx.seq_pos_max(seq) != expected_max {
+            let expected_min = blob.map.in_kv()[0].draft;
+            if n == 0 || self.ctx.seq_pos_max(seq) != expected_max || self.ctx.seq_pos_min(seq) != expected_min {
                 self.ctx.seq_rm(seq, -1, -1);
                 return Err(Error::invalid(format!(
                     "the draft KV in the state blob does not load into sequence {seq} (or does not match its map)"

@@ -9,7 +9,7 @@
 
 use super::row_queue::RowQueue;
 use crate::error::{Error, Result};
-use crate::positions::{Entry, SeqMap};
+use crate::positions::{Entry, MAX_TARGET_POS, SeqMap};
 
 const MAGIC: &[u8; 4] = b"DF2S";
 /// 2: the drafter fingerprint is computed from explicit checkpoint fields.
@@ -88,8 +88,12 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Parses and checks a blob made by `encode_header` + KV bytes.
-pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize) -> Result<Decoded<'_>> {
+/// Parses and checks a blob made by `encode_header` + KV bytes: everything a
+/// live sequence holds must hold here too (see `SeqMap::from_parts`; queued
+/// rows in range, after the map's rows, never going back), so a forged blob
+/// cannot plant positions process() would refuse. `dense`: the engine's draft
+/// cache shifts, so its draft positions run 0, 1, 2, ... without gaps.
+pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize, dense: bool) -> Result<Decoded<'_>> {
     let mut r = Reader { b: bytes };
     if r.take(4)? != MAGIC {
         return Err(Error::invalid("not a dflash2 sequence state (bad magic)"));
@@ -123,7 +127,15 @@ pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize) -> Result<Decoded<'
     if kv_len != r.b.len() as u64 {
         return Err(Error::invalid("state blob is truncated or has trailing bytes"));
     }
-    let map = SeqMap::from_parts(in_kv).ok_or_else(|| Error::invalid("state blob holds a corrupt position map"))?;
+    let map =
+        SeqMap::from_parts(in_kv, dense).ok_or_else(|| Error::invalid("state blob holds a corrupt position map"))?;
+    let mut last = map.in_kv().last().map_or(0, |e| e.target);
+    for &t in &targets {
+        if !(last..MAX_TARGET_POS).contains(&t) {
+            return Err(Error::invalid(format!("state blob holds a queued row at target position {t}")));
+        }
+        last = t;
+    }
     let queued = RowQueue::from_parts(n_feat, targets, features).expect("lengths read from the same counts");
     Ok(Decoded { map, queued, kv: r.b })
 }
@@ -151,7 +163,7 @@ mod tests {
     #[test]
     fn round_trips() {
         let b = blob(&[9, 9, 9]);
-        let d = decode(&b, 42, 2).unwrap();
+        let d = decode(&b, 42, 2, true).unwrap();
         assert_eq!(d.map, sample().0);
         assert_eq!(d.queued, sample().1);
         assert_eq!(d.kv, &[9, 9, 9]);
@@ -160,14 +172,14 @@ mod tests {
     #[test]
     fn another_drafter_or_a_cut_blob_is_refused() {
         let b = blob(&[9, 9, 9]);
-        assert!(decode(&b, 43, 2).unwrap_err().message.contains("different drafter"));
-        assert!(decode(&b, 42, 3).is_err());
+        assert!(decode(&b, 43, 2, true).unwrap_err().message.contains("different drafter"));
+        assert!(decode(&b, 42, 3, true).is_err());
         for cut in 0..b.len() {
-            assert!(decode(&b[..cut], 42, 2).is_err(), "cut {cut}");
+            assert!(decode(&b[..cut], 42, 2, true).is_err(), "cut {cut}");
         }
         let mut long = b.clone();
         long.push(0);
-        assert!(decode(&long, 42, 2).is_err());
+        assert!(decode(&long, 42, 2, true).is_err());
     }
 
     #[test]
@@ -175,6 +187,46 @@ mod tests {
         let mut b = blob(&[]);
         // n_in_kv sits after magic, version, fingerprint, n_feat
         b[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode(&b, 42, 2).is_err());
+        assert!(decode(&b, 42, 2, true).is_err());
+    }
+
+    #[test]
+    fn positions_a_live_sequence_cannot_hold_are_refused() {
+        let forge = |in_kv: &[(i32, i32)], queued: &[i32]| {
+            let mut m = SeqMap::default();
+            let targets: Vec<i32> = in_kv.iter().map(|e| e.0).collect();
+            m.inject(&targets);
+            let mut b = encode_header(42, &m, &RowQueue::new(2), 0);
+            // rewrite the entries as forged, then append the queued rows
+            for (i, &(t, d)) in in_kv.iter().enumerate() {
+                b[24 + i * 8..28 + i * 8].copy_from_slice(&t.to_le_bytes());
+                b[28 + i * 8..32 + i * 8].copy_from_slice(&d.to_le_bytes());
+            }
+            let at = 24 + in_kv.len() * 8;
+            b.truncate(at);
+            b.extend_from_slice(&(queued.len() as u32).to_le_bytes());
+            for t in queued {
+                b.extend_from_slice(&t.to_le_bytes());
+            }
+            b.extend(std::iter::repeat_n(0u8, queued.len() * 8));
+            b.extend_from_slice(&0u64.to_le_bytes());
+            b
+        };
+        assert!(decode(&forge(&[(0, 0), (1, 1)], &[2]), 42, 2, true).is_ok());
+        for (in_kv, queued) in [
+            (vec![(-1, 0)], vec![]),
+            (vec![(i32::MAX, 0)], vec![]),
+            (vec![(i32::MIN, 0)], vec![]),
+            (vec![(5, 0), (3, 1)], vec![]),
+            (vec![(0, 1)], vec![]),
+            (vec![(0, 0), (1, 2)], vec![]),
+            (vec![(4, 0)], vec![3]),
+            (vec![(0, 0)], vec![-1]),
+            (vec![(0, 0)], vec![MAX_TARGET_POS]),
+        ] {
+            assert!(decode(&forge(&in_kv, &queued), 42, 2, true).is_err(), "{in_kv:?} {queued:?}");
+        }
+        // a cache that cannot shift keeps gaps
+        assert!(decode(&forge(&[(0, 0), (1, 2)], &[]), 42, 2, false).is_ok());
     }
 }

@@ -9,6 +9,7 @@ use parking_lot::Mutex;
 use super::boundary::{self, count, engine_status, engine_value, slice, slice_mut};
 use crate::config::Config;
 use crate::engine::{Engine, Request, Row};
+use crate::error::Error;
 use crate::params::llama_spec_dflash2_params;
 use crate::sys::{llama_batch, llama_context};
 
@@ -166,6 +167,11 @@ pub unsafe extern "C" fn llama_spec_dflash2_draft(
 ) -> i32 {
     engine_status(spec, |e| {
         let n_requests = count(n_requests, "requests")?;
+        // a sequence drafts once per call: more requests than sequences is a
+        // bad count, refused before the arrays are read
+        if n_requests > e.n_seq() {
+            return Err(Error::invalid(format!("{n_requests} requests for an engine of {} sequence(s)", e.n_seq())));
+        }
         let reqs = slice(requests, n_requests, "requests")?;
         let tokens = slice_mut(tokens, count(n_tokens_max, "tokens")?, "tokens")?;
         let n_drafted = slice_mut(n_drafted, n_requests, "n_drafted")?;

@@ -47,6 +47,12 @@ impl TargetContext {
         unsafe { llama_n_ctx_seq(self.ctx.as_ptr()) }
     }
 
+    /// Sequences the target context was created for (its n_seq_max).
+    pub fn n_seq_max(&self) -> u32 {
+        // SAFETY: live context.
+        unsafe { llama_n_seq_max(self.ctx.as_ptr()) }
+    }
+
     pub fn n_batch(&self) -> u32 {
         // SAFETY: live context.
         unsafe { llama_n_batch(self.ctx.as_ptr()) }
@@ -95,14 +101,30 @@ impl TargetContext {
         unsafe { dflash2_shim_set_embeddings_layer_inp(self.ctx.as_ptr(), lid, on) }
     }
 
-    /// Tokens the target has evaluated so far (waits for pending work). A change
-    /// tells that a decode ran, which is what makes captured rows readable.
+    /// A marker that changes whenever the target runs a decode (waits for
+    /// pending work): a decode is what makes captured rows readable. libllama
+    /// clamps its eval counters to >= 1, so a first decode of one token leaves
+    /// them as they were; the marker also folds in the eval times (unless the
+    /// context has no_perf), the load time (set on a context's very first
+    /// decode, no_perf or not) and every sequence's highest KV position.
     pub fn evaluated_tokens(&self) -> u64 {
-        // SAFETY: live context.
+        // SAFETY: live context; memory queries on ids below n_seq_max.
         unsafe {
             llama_synchronize(self.ctx.as_ptr());
             let perf = llama_perf_context(self.ctx.as_ptr());
-            perf.n_p_eval.max(0) as u64 + perf.n_eval.max(0) as u64
+            let mem = llama_get_memory(self.ctx.as_ptr());
+            let n_seq = llama_n_seq_max(self.ctx.as_ptr()).min(256) as i32;
+            let positions = (0..n_seq).map(|s| llama_memory_seq_pos_max(mem, s) as i64 as u64);
+            [
+                perf.n_p_eval as i64 as u64,
+                perf.n_eval as i64 as u64,
+                perf.t_p_eval_ms.to_bits(),
+                perf.t_eval_ms.to_bits(),
+                perf.t_load_ms.to_bits(),
+            ]
+            .into_iter()
+            .chain(positions)
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, v| (h ^ v).wrapping_mul(0x0100_0000_01b3))
         }
     }
 

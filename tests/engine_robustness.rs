@@ -1,0 +1,159 @@
+//! Regressions of the defects a hostile caller found (poisoned state blobs,
+//! two engines on one context, absurd counts, positions and shifts, a first
+//! decode of a single token): each is a clear status now, and the engine stays
+//! usable and lossless afterwards.
+
+mod common;
+
+use common::spec::{Spec, default_params, generate, prefill};
+use common::target::{TRow, Target, greedy_reference};
+use common::{cstr, fixtures, last_error, status_code};
+use dflash2::ffi::*;
+use dflash2::sys;
+
+const N_GEN: usize = 16;
+
+fn prompt(t: &Target) -> Vec<i32> {
+    t.tokenize("the draft model is fast", true)
+}
+
+/// The engine still drafts and stays lossless on sequence 0 after whatever came before.
+fn assert_lossless(target: &mut Target, spec: &Spec) {
+    let p = prompt(target);
+    let want = greedy_reference(&fixtures().target, std::slice::from_ref(&p), N_GEN);
+    target.seq_rm(-1, -1, -1);
+    assert_eq!(unsafe { llama_spec_dflash2_seq_clear(spec.0, -1) }, 0, "{}", last_error());
+    let mut streams = prefill(target, spec, std::slice::from_ref(&p));
+    generate(target, spec, &mut streams, N_GEN, 3);
+    assert_eq!(&streams[0].out[..N_GEN], &want[0][..]);
+}
+
+#[test]
+fn a_first_decode_of_one_token_is_seen() {
+    let fx = fixtures();
+    // a fresh context, and one whose warm-up was wiped from the perf counters
+    // (what common_init does before llama-server creates the engine)
+    for warmed_up in [false, true] {
+        let mut target = Target::new(&fx.target, 1, 512, 512);
+        if warmed_up {
+            target.decode(&[TRow { seq: 0, token: 1, pos: 0, logits: true }]);
+            target.seq_rm(0, -1, -1);
+            unsafe { sys::llama_perf_context_reset(target.ctx) };
+        }
+        let spec = Spec::new(&target, &fx.drafter, default_params(1));
+        let tok = prompt(&target)[1];
+        target.decode(&[TRow { seq: 0, token: tok, pos: 0, logits: true }]);
+        spec.process(&target); // asserts status 0
+        let d = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last: tok, n_max: 3 }]);
+        assert_eq!(d.len(), 1);
+        assert_lossless(&mut target, &spec);
+        // the engine goes before its target context
+        drop(spec);
+    }
+}
+
+#[test]
+fn a_second_engine_on_the_same_context_is_refused_and_the_first_keeps_working() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 1, 512, 512);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let second = unsafe { llama_spec_dflash2_init(target.ctx, cstr(&fx.drafter).as_ptr(), default_params(1)) };
+    assert!(second.is_null());
+    assert!(last_error().contains("already has a dflash2 engine"), "{}", last_error());
+    assert_lossless(&mut target, &spec);
+    // once the first is freed, the context takes a new one
+    drop(spec);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    assert_lossless(&mut target, &spec);
+}
+
+#[test]
+fn more_sequences_than_the_target_has_are_refused() {
+    let fx = fixtures();
+    let target = Target::new(&fx.target, 2, 1024, 512);
+    let spec = unsafe { llama_spec_dflash2_init(target.ctx, cstr(&fx.drafter).as_ptr(), default_params(3)) };
+    assert!(spec.is_null());
+    assert!(last_error().contains("n_seq_max"), "{}", last_error());
+}
+
+#[test]
+fn absurd_counts_positions_and_shifts_are_refused_without_change() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 1, 512, 512);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let p = prompt(&target);
+    let req = llama_spec_dflash2_draft_request { seq_id: 0, id_last: p[0], n_max: 3 };
+    let mut tokens = [0i32; 8];
+    let mut n = [0i32; 1];
+    // nothing processed yet: nothing to draft from
+    let rc = unsafe { llama_spec_dflash2_draft(spec.0, &req, 1, tokens.as_mut_ptr(), 8, n.as_mut_ptr()) };
+    assert_eq!(rc, status_code("INVALID_STATE"), "{}", last_error());
+
+    let mut streams = prefill(&mut target, &spec, std::slice::from_ref(&p));
+    let before = spec.info(0);
+    // a count beyond the engine's sequences is refused before reading (or allocating for) the array
+    let rc = unsafe { llama_spec_dflash2_draft(spec.0, &req, i32::MAX, tokens.as_mut_ptr(), 8, n.as_mut_ptr()) };
+    assert_eq!(rc, status_code("INVALID_ARGUMENT"), "{}", last_error());
+    // positions no context holds
+    for pos in [i32::MAX, 1 << 30] {
+        let row = llama_spec_dflash2_row { i_batch: 0, seq_id: 0, pos, embd: false };
+        let rc = unsafe { llama_spec_dflash2_process(spec.0, &row, 1) };
+        assert_eq!(rc, status_code("INVALID_ARGUMENT"), "pos {pos}");
+    }
+    // a shift that overflows is refused as a whole
+    let rc = unsafe { llama_spec_dflash2_seq_shift(spec.0, 0, 0, -1, i32::MAX) };
+    assert_eq!(rc, status_code("INVALID_ARGUMENT"), "{}", last_error());
+    let rc = unsafe { llama_spec_dflash2_seq_shift(spec.0, 0, 5, 2, 1) };
+    assert_eq!(rc, status_code("INVALID_ARGUMENT"), "reversed range: {}", last_error());
+    assert_eq!(spec.info(0), before);
+    // rows moved below 0 are removed, as libllama removes such cells
+    let rc = unsafe { llama_spec_dflash2_seq_shift(spec.0, 0, 0, -1, -2) };
+    assert_eq!(rc, 0, "{}", last_error());
+    let after = spec.info(0);
+    assert_eq!(after.n_in_kv + after.n_queued, before.n_in_kv + before.n_queued - 2);
+    assert_eq!(after.last_target_pos, before.last_target_pos - 2);
+    assert_eq!((after.kv_pos_min.max(0), after.kv_pos_max), (0, after.n_in_kv - 1));
+    streams.clear();
+    assert_lossless(&mut target, &spec);
+}
+
+fn state_of(spec: &Spec, seq: i32) -> Vec<u8> {
+    let mut size = 0usize;
+    assert_eq!(unsafe { llama_spec_dflash2_state_size(spec.0, seq, &mut size) }, 0, "{}", last_error());
+    let mut blob = vec![0u8; size];
+    let mut written = 0usize;
+    let rc = unsafe { llama_spec_dflash2_state_get(spec.0, seq, blob.as_mut_ptr(), size, &mut written) };
+    assert_eq!(rc, 0, "{}", last_error());
+    blob.truncate(written);
+    blob
+}
+
+#[test]
+fn poisoned_state_blobs_are_refused_and_never_break_the_engine() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 1, 512, 512);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let p = prompt(&target);
+    prefill(&mut target, &spec, std::slice::from_ref(&p));
+    let clean = state_of(&spec, 0);
+    // the first map entry's target position sits after magic, version,
+    // fingerprint, n_feat and n_in_kv
+    for poison in [-1i32, i32::MAX, i32::MIN, 1 << 30] {
+        let mut blob = clean.clone();
+        blob[24..28].copy_from_slice(&poison.to_le_bytes());
+        for _ in 0..3 {
+            let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
+            assert_eq!(rc, status_code("INVALID_ARGUMENT"), "target position {poison} accepted");
+        }
+        // clear forgets the sequence entirely
+        assert_eq!(unsafe { llama_spec_dflash2_seq_clear(spec.0, 0) }, 0);
+        let info = spec.info(0);
+        assert_eq!((info.n_in_kv, info.n_queued, info.kv_pos_max), (0, 0, -1), "{info:?}");
+    }
+    // the clean blob still loads, and the engine is still lossless
+    let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, clean.as_ptr(), clean.len()) };
+    assert_eq!(rc, 0, "{}", last_error());
+    assert_eq!(spec.info(0).n_in_kv, p.len() as i32);
+    assert_eq!(unsafe { llama_spec_dflash2_seq_clear(spec.0, -1) }, 0);
+    assert_lossless(&mut target, &spec);
+}
