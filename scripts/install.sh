@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds dflash2 (release) and installs it into PREFIX:
 #   PREFIX/lib/libdflash2.so, libdflash2.a
-#   PREFIX/include/dflash2.h
+#   PREFIX/include/dflash2.h, dflash2.hpp (the C++ face)
 #   PREFIX/lib/cmake/dflash2/  (find_package(dflash2) -> dflash2::dflash2)
 #
 #   scripts/install.sh PREFIX
@@ -24,5 +24,6 @@ install -d "$prefix/lib" "$prefix/include"
 install -m 755 "$target_dir/release/libdflash2.so" "$prefix/lib/libdflash2.so"
 install -m 644 "$target_dir/release/libdflash2.a" "$prefix/lib/libdflash2.a"
 install -m 644 include/dflash2.h "$prefix/include/dflash2.h"
+install -m 644 include/dflash2.hpp "$prefix/include/dflash2.hpp"
 cmake -DPREFIX="$prefix" -DDFLASH2_LLAMA_PREFIX="$llama_prefix" -DVERSION="$version" -P cmake/install.cmake
 echo "$prefix"

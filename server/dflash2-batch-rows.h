@@ -1,13 +1,15 @@
 // The rows of a common_batch the target just decoded, as dflash2's process() takes
-// them: one row per (batch index, sequence), embedding rows flagged.
+// them: one row per (batch index, sequence), embedding rows flagged. Kept apart from
+// dflash2.hpp, which does not depend on llama.cpp's common library; used by the
+// llama-server adapter and the host tools.
 #pragma once
 
 #include "common.h"
-#include "dflash2.h"
+#include "dflash2.hpp"
 
 #include <vector>
 
-inline void dflash2_rows_from_batch(const common_batch & batch, std::vector<llama_spec_dflash2_row> & rows) {
+inline void dflash2_rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows) {
     rows.clear();
     for (int32_t i = 0; i < batch.size(); ++i) {
         const auto & t    = batch.tokens[i];

@@ -1,16 +1,15 @@
-// dflash2 inside llama-server.
+// dflash2 inside llama-server: what the patched server sources call.
 //
 // The server drives speculative decoding through a handful of hooks: the
 // common_speculative_* functions and common_memory. This header gives the server
-// one type, dflash2_server_spec, that holds either llama.cpp's own
-// common_speculative (any spec type, or draft-dflash with --spec-dflash2-upstream)
-// or a dflash2 engine, plus overloads of every hook for that type. The patch
-// changes the type of the server's `spec` and slot `mem` members; the call sites
-// stay as they are and resolve to these overloads.
+// one type, dflash2_server_spec: an interface with two implementations, llama.cpp's
+// own common_speculative (any spec type, or draft-dflash with --spec-dflash2-upstream)
+// and a dflash2 engine, plus overloads of every hook for that type, each a forward
+// to the interface. The patch changes the type of the server's `spec` and slot `mem`
+// members; the call sites stay as they are and resolve to these overloads.
 #pragma once
 
 #include "common.h"
-#include "dflash2.h"
 #include "speculative.h"
 
 #include <cstdint>
@@ -33,6 +32,12 @@ bool dflash2_server_routes(const common_params & params);
 // the draft length the target's outputs are sized for (1 + n_max per sequence)
 int32_t dflash2_server_output_n_max(const common_params & params);
 
+// replaces common_init_from_params(params) for the target: when dflash2 serves, the
+// drafter's memory is budgeted into the fit margins (as the server does for a
+// multimodal projector) and upstream's fit pass does not try to build a draft
+// context it cannot measure (a drafter sharing the target's head needs ctx_other)
+common_init_result_ptr dflash2_server_init_target(common_params & params);
+
 // draft counters of one slot over its lifetime, for /slots
 struct dflash2_server_slot_counters {
     int64_t n_drafted      = 0;
@@ -41,33 +46,53 @@ struct dflash2_server_slot_counters {
     std::vector<int64_t> accepted_at; // by draft position
 };
 
+// The draft side of the server. Every hook below forwards to one of these.
 struct dflash2_server_spec {
-    common_speculative * upstream = nullptr; // llama.cpp's own path
-    llama_spec_dflash2 * engine   = nullptr; // or dflash2's
-    llama_context      * ctx_tgt  = nullptr;
+    virtual ~dflash2_server_spec() = default;
 
-    std::vector<dflash2_server_slot_counters> counters; // per sequence, both paths
+    // "upstream" or "dflash2", for /slots
+    virtual const char * name() const = 0;
 
-    std::vector<common_speculative_draft_params> dparams; // per sequence, filled by the server
+    // as the common_speculative_* function of the same name
+    virtual common_speculative_draft_params & draft_params(llama_seq_id seq_id) = 0;
+    virtual void    begin(llama_seq_id seq_id, const llama_tokens & prompt) = 0;
+    virtual bool    process(const common_batch & batch) = 0;
+    virtual void    draft() = 0;
+    virtual void    accept(llama_seq_id seq_id, uint16_t n_accepted) = 0;
+    virtual bool    get_state(llama_seq_id seq_id, std::vector<uint8_t> & data) = 0;
+    virtual void    set_state(llama_seq_id seq_id, const std::vector<uint8_t> & data) = 0;
+    virtual void    print_stats() const = 0;
+    virtual int32_t n_max() const = 0;
+    virtual const std::vector<double> & synth_probs() const = 0;
 
-    // scratch of the calls, kept to avoid allocating every step
-    std::vector<llama_spec_dflash2_row>           rows;
-    std::vector<llama_spec_dflash2_draft_request> requests;
-    std::vector<llama_token>                      tokens;
-    std::vector<int32_t>                          n_drafted;
+    // process() takes batches with embedding rows (images)
+    virtual bool takes_embd_batches() const = 0;
 
-    ~dflash2_server_spec();
+    // the target's memory operations on a slot, mirrored into the drafter
+    virtual void seq_rm (llama_seq_id seq_id, llama_pos p0, llama_pos p1) = 0;
+    virtual void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) = 0;
+    virtual void seq_cp (llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) = 0;
 
-    bool is_upstream() const { return upstream != nullptr; }
+    // the draft part of a slot's state in the prompt cache (ctx_dft: upstream's
+    // draft context, NULL when dflash2 serves); state_load returns false when the
+    // server restores it into ctx_dft itself
+    virtual size_t state_size(llama_context * ctx_dft, llama_seq_id seq_id) const = 0;
+    virtual void   state_save(llama_context * ctx_dft, llama_seq_id seq_id, std::vector<uint8_t> & dst) const = 0;
+    virtual bool   state_load(llama_seq_id seq_id, const std::vector<uint8_t> & data) = 0;
+
+    // /slots save and restore: the draft state of a slot in its own file
+    virtual void slot_file_save(llama_seq_id seq_id, const std::string & path) const = 0;
+    virtual void slot_file_load(llama_seq_id seq_id, const std::string & path) = 0;
+
+    std::vector<dflash2_server_slot_counters> counters; // per sequence, counted by the hooks
 };
 
-using dflash2_server_spec_ptr = std::unique_ptr<dflash2_server_spec>;
+// frees a spec after withdrawing it from the lookup by target context
+struct dflash2_server_spec_deleter {
+    void operator()(dflash2_server_spec * spec) const;
+};
 
-// replaces common_init_from_params(params) for the target: when dflash2 serves, the
-// drafter's memory is budgeted into the fit margins (as the server does for a
-// multimodal projector) and upstream's fit pass does not try to build a draft
-// context it cannot measure (a drafter sharing the target's head needs ctx_other)
-common_init_result_ptr dflash2_server_init_target(common_params & params);
+using dflash2_server_spec_ptr = std::unique_ptr<dflash2_server_spec, dflash2_server_spec_deleter>;
 
 // replaces common_speculative_init(params.speculative, n_parallel); returns NULL when
 // there is nothing to speculate with, throws std::runtime_error when dflash2 should
@@ -93,20 +118,20 @@ int32_t common_speculative_n_max(const dflash2_server_spec * spec);
 
 const std::vector<double> & common_speculative_get_synth_probs(const dflash2_server_spec * spec);
 
-// a slot's memory: the target's, and the same operation on the dflash2 engine of that
-// target context (which maps target positions to its own dense draft positions)
+// a slot's memory: the target's, and the same operation on the spec serving that
+// target context (dflash2 maps target positions to its own dense draft positions)
 struct dflash2_server_memory : common_memory {
     void seq_rm (llama_seq_id seq_id, llama_pos p0, llama_pos p1) const;
     void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) const;
     void seq_cp (llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) const;
 };
 
-// the prompt cache: the draft part of a saved slot state (upstream: the draft
-// context's sequence state; dflash2: its state blob)
+// the prompt cache: the draft part of a saved slot state
 size_t dflash2_server_state_size(const dflash2_server_spec * spec, llama_context * ctx_dft, llama_seq_id seq_id);
 void   dflash2_server_state_save(const dflash2_server_spec * spec, llama_context * ctx_dft, llama_seq_id seq_id,
                                  std::vector<uint8_t> & dst);
-// restores the draft part for the engine of ctx_tgt; false when no engine serves ctx_tgt
+// restores the draft part for the spec serving ctx_tgt; false when the server
+// restores it itself (no spec, or upstream's draft context)
 bool   dflash2_server_state_load(llama_context * ctx_tgt, llama_seq_id seq_id, const std::vector<uint8_t> & data);
 
 // /slots save and restore: the sequence's draft state travels in PATH.dflash2 beside

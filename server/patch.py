@@ -15,6 +15,17 @@ import sys
 
 MARK = "// dflash2"
 
+# our adapter's sources in this folder, compiled into the server
+SOURCES = [
+    "dflash2-server-args.cpp",
+    "dflash2-server-engine.cpp",
+    "dflash2-server-hooks.cpp",
+    "dflash2-server-init.cpp",
+    "dflash2-server-report.cpp",
+    "dflash2-server-state.cpp",
+    "dflash2-server-upstream.cpp",
+]
+
 # (file, anchor, replacement); each replacement keeps the anchor's text where it
 # can and adds one marked line or expression.
 EDITS = [
@@ -64,7 +75,7 @@ EDITS = [
     # dflash2 takes feature rows of any width from embedding batches (images)
     ("server-context.cpp",
      "        if (spec && batch.has_embd) {",
-     "        if (spec && spec->is_upstream() && batch.has_embd) { " + MARK),
+     "        if (spec && !spec->takes_embd_batches() && batch.has_embd) { " + MARK),
     # /slots: the slot's draft statistics
     ("server-context.cpp",
      '            {"is_processing", is_processing()},\n        };\n',
@@ -114,7 +125,7 @@ EDITS = [
     ("CMakeLists.txt",
      "target_link_libraries(${TARGET} PUBLIC llama-common mtmd ${CMAKE_THREAD_LIBS_INIT})\n",
      "target_link_libraries(${TARGET} PUBLIC llama-common mtmd ${CMAKE_THREAD_LIBS_INIT})\n"
-     "target_sources(${TARGET} PRIVATE ${DFLASH2_SERVER_DIR}/dflash2-server.cpp) # dflash2\n"
+     "target_sources(${TARGET} PRIVATE " + " ".join("${DFLASH2_SERVER_DIR}/" + f for f in SOURCES) + ") # dflash2\n"
      "target_include_directories(${TARGET} PUBLIC ${DFLASH2_SERVER_DIR} ${DFLASH2_INCLUDE_DIR}) # dflash2\n"
      "target_link_libraries(${TARGET} PUBLIC ${DFLASH2_LIBRARY}) # dflash2\n"),
 ]
@@ -123,6 +134,9 @@ EDITS = [
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
+    on_disk = sorted(p.name for p in pathlib.Path(__file__).resolve().parent.glob("*.cpp"))
+    if on_disk != sorted(SOURCES):
+        sys.exit(f"patch: SOURCES {sorted(SOURCES)} differs from the .cpp files beside patch.py {on_disk}")
     pristine = pathlib.Path(sys.argv[1])
     out = pathlib.Path(sys.argv[2])
     files = {}

@@ -3,7 +3,7 @@
 // target batch, the way llama-server does. Prints a table with ratios computed
 // inside the run, writes JSON and an SVG chart of tokens/s and tau vs np.
 #include "args.h"
-#include "dflash2.h"
+#include "dflash2.hpp"
 #include "host.h"
 
 #include <algorithm>
@@ -167,7 +167,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
     out << "{\n  \"machine\": {\"cpu\": " << json_str(cpu_model()) << ", \"hardware_threads\": "
         << std::thread::hardware_concurrency() << ", \"threads\": " << p.n_threads << "},\n";
     out << "  \"llama_cpp\": " << json_str(llama_print_system_info()) << ",\n";
-    out << "  \"dflash2\": " << json_str(llama_spec_dflash2_version()) << ",\n";
+    out << "  \"dflash2\": " << json_str(dflash2::version()) << ",\n";
     out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
     out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps << ",\n";
     out << "  \"prompts\": [";

@@ -1,4 +1,4 @@
-#include "dflash2.h"
+#include "dflash2.hpp"
 #include "host.h"
 
 #include <chrono>

@@ -1,0 +1,246 @@
+// dflash2 for C++ hosts: an owning engine handle over the C API of dflash2.h.
+//
+// Header-only, no dependency beyond dflash2.h (and llama.h through it). Every call
+// that returns a negative status in C throws dflash2::error here, carrying that
+// status and the message of llama_spec_dflash2_last_error().
+//
+//   dflash2::engine eng(ctx_tgt, "drafter.gguf", params);
+//   eng.process_batch(batch);                        // after every target decode
+//   auto drafts = eng.draft({ { seq, id_last, n_max } });
+//   ...verify on the target...
+//   eng.accept(seq, n_accepted);
+//
+// The engine is freed when the dflash2::engine goes out of scope; it must not
+// outlive the target context it was created for.
+#pragma once
+
+#include "dflash2.h"
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---- TEMPORARY (issue 12): llama_spec_dflash2_estimate_memory lands in dflash2.h on
+// another branch. Until then this stand-in with the same signature keeps the
+// formula llama-server used: the drafter file, an F16 draft KV of n_ctx_seq rows
+// per sequence, 256 MiB of working buffers. Delete this whole block after the merge.
+#ifndef LLAMA_SPEC_DFLASH2_HAS_ESTIMATE_MEMORY
+#include <cstdio>
+static inline int32_t llama_spec_dflash2_estimate_memory(const struct llama_model * model_tgt, const char * path_draft,
+        struct llama_spec_dflash2_params params, uint32_t n_ctx_seq, size_t * bytes) {
+    if (!path_draft || !bytes) {
+        return LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT;
+    }
+    struct llama_spec_dflash2_checkpoint_info info;
+    const int32_t rc = llama_spec_dflash2_checkpoint_check(path_draft, model_tgt, &info);
+    if (rc != LLAMA_SPEC_DFLASH2_OK) {
+        return rc;
+    }
+    size_t total = 0;
+    if (FILE * f = std::fopen(path_draft, "rb")) {
+        std::fseek(f, 0, SEEK_END);
+        total = (size_t) std::ftell(f);
+        std::fclose(f);
+    }
+    const size_t n_ctx = (size_t) (n_ctx_seq > 0 ? n_ctx_seq : info.n_ctx_train) * (params.n_seq > 0 ? params.n_seq : 1);
+    total += n_ctx * info.n_layer * 2 * info.n_head_kv * info.head_dim * sizeof(uint16_t);
+    total += 256u * 1024 * 1024;
+    *bytes = total;
+    return LLAMA_SPEC_DFLASH2_OK;
+}
+#endif
+// ---- end of TEMPORARY
+
+namespace dflash2 {
+
+using params          = llama_spec_dflash2_params;
+using row             = llama_spec_dflash2_row;
+using draft_request   = llama_spec_dflash2_draft_request;
+using stats           = llama_spec_dflash2_stats;
+using seq_info        = struct llama_spec_dflash2_seq_info; // the function of that name hides the plain tag
+using checkpoint_info = llama_spec_dflash2_checkpoint_info;
+
+// a failed dflash2 call: what() is "dflash2 CALL: STATUS NAME: MESSAGE"
+struct error : std::runtime_error {
+    int32_t     status;  // an enum llama_spec_dflash2_status value (< 0)
+    std::string message; // llama_spec_dflash2_last_error() right after the call
+
+    error(int32_t status, const char * call, std::string message)
+        : std::runtime_error(std::string("dflash2 ") + call + ": " + llama_spec_dflash2_status_name(status) + ": " + message),
+          status(status),
+          message(std::move(message)) {}
+};
+
+// throws dflash2::error when rc is a negative status; returns rc otherwise
+inline int32_t check(int32_t rc, const char * call) {
+    if (rc < 0) {
+        throw error(rc, call, llama_spec_dflash2_last_error());
+    }
+    return rc;
+}
+
+inline params default_params() {
+    return llama_spec_dflash2_default_params();
+}
+
+inline const char * version() {
+    return llama_spec_dflash2_version();
+}
+
+// what the drafter at path declares; with model_tgt, also checked against that target
+inline checkpoint_info checkpoint_check(const std::string & path_draft, const llama_model * model_tgt = nullptr) {
+    checkpoint_info info;
+    check(llama_spec_dflash2_checkpoint_check(path_draft.c_str(), model_tgt, &info), "checkpoint_check");
+    return info;
+}
+
+// bytes an engine with these params needs for this drafter (weights, a draft KV for
+// n_ctx_seq target rows per sequence, working buffers); model_tgt may be NULL when
+// the target is not loaded yet
+inline size_t estimate_memory(const llama_model * model_tgt, const std::string & path_draft, const params & p,
+        uint32_t n_ctx_seq) {
+    size_t bytes = 0;
+    check(llama_spec_dflash2_estimate_memory(model_tgt, path_draft.c_str(), p, n_ctx_seq, &bytes), "estimate_memory");
+    return bytes;
+}
+
+struct engine_deleter {
+    void operator()(llama_spec_dflash2 * spec) const { llama_spec_dflash2_free(spec); }
+};
+
+using engine_ptr = std::unique_ptr<llama_spec_dflash2, engine_deleter>;
+
+// a dflash2 engine bound to one target context; move-only, freed on destruction
+struct engine {
+    engine(llama_context * ctx_tgt, const std::string & path_draft, const params & p = default_params())
+        : ptr(llama_spec_dflash2_init(ctx_tgt, path_draft.c_str(), p)) {
+        if (!ptr) {
+            const std::string message = llama_spec_dflash2_last_error();
+            throw error(init_status(ctx_tgt, path_draft, p), "init", message);
+        }
+    }
+
+    // the C handle, for calls this header does not wrap; still owned here
+    llama_spec_dflash2 * get() const { return ptr.get(); }
+
+    // the rows of the batch the target just decoded
+    void process(const std::vector<row> & rows) {
+        check(llama_spec_dflash2_process(get(), rows.data(), (int32_t) rows.size()), "process");
+    }
+
+    void process_batch(llama_batch batch) {
+        check(llama_spec_dflash2_process_batch(get(), batch), "process_batch");
+    }
+
+    // one draft call for every request; out[i] receives request i's draft (maybe empty)
+    void draft(const std::vector<draft_request> & requests, std::vector<std::vector<llama_token>> & out) {
+        out.resize(requests.size());
+        if (requests.empty()) {
+            return;
+        }
+        int32_t capacity = 0;
+        for (const auto & r : requests) {
+            capacity += r.n_max > 0 ? r.n_max : 0;
+        }
+        tokens.resize(capacity);
+        n_drafted.resize(requests.size());
+        check(llama_spec_dflash2_draft(get(), requests.data(), (int32_t) requests.size(), tokens.data(), capacity,
+                n_drafted.data()), "draft");
+        size_t at = 0;
+        for (size_t k = 0; k < requests.size(); ++k) {
+            out[k].assign(tokens.begin() + at, tokens.begin() + at + n_drafted[k]);
+            at += n_drafted[k];
+        }
+    }
+
+    std::vector<std::vector<llama_token>> draft(const std::vector<draft_request> & requests) {
+        std::vector<std::vector<llama_token>> out;
+        draft(requests, out);
+        return out;
+    }
+
+    void accept(llama_seq_id seq_id, int32_t n_accepted) {
+        check(llama_spec_dflash2_accept(get(), seq_id, n_accepted), "accept");
+    }
+
+    // mirrors of the target's llama_memory_seq_* calls
+    void seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
+        check(llama_spec_dflash2_seq_rm(get(), seq_id, p0, p1), "seq_rm");
+    }
+
+    void seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) {
+        check(llama_spec_dflash2_seq_cp(get(), seq_id_src, seq_id_dst, p0, p1), "seq_cp");
+    }
+
+    void seq_shift(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) {
+        check(llama_spec_dflash2_seq_shift(get(), seq_id, p0, p1, delta), "seq_shift");
+    }
+
+    void seq_clear(llama_seq_id seq_id) {
+        check(llama_spec_dflash2_seq_clear(get(), seq_id), "seq_clear");
+    }
+
+    // the state blob of one sequence, its size, and its restore
+    size_t state_size(llama_seq_id seq_id) const {
+        size_t size = 0;
+        check(llama_spec_dflash2_state_size(get(), seq_id, &size), "state_size");
+        return size;
+    }
+
+    std::vector<uint8_t> state_get(llama_seq_id seq_id) const {
+        std::vector<uint8_t> blob(state_size(seq_id));
+        size_t written = 0;
+        check(llama_spec_dflash2_state_get(get(), seq_id, blob.data(), blob.size(), &written), "state_get");
+        blob.resize(written);
+        return blob;
+    }
+
+    void state_set(llama_seq_id seq_id, const std::vector<uint8_t> & blob) {
+        check(llama_spec_dflash2_state_set(get(), seq_id, blob.data(), blob.size()), "state_set");
+    }
+
+    stats get_stats() const {
+        stats s;
+        check(llama_spec_dflash2_get_stats(get(), &s), "get_stats");
+        return s;
+    }
+
+    void reset_stats() {
+        check(llama_spec_dflash2_reset_stats(get()), "reset_stats");
+    }
+
+    seq_info get_seq_info(llama_seq_id seq_id) const {
+        seq_info info;
+        check(llama_spec_dflash2_seq_info(get(), seq_id, &info), "seq_info");
+        return info;
+    }
+
+    int32_t n_max() const { return check(llama_spec_dflash2_n_max(get()), "n_max"); }
+
+    int32_t block_size() const { return check(llama_spec_dflash2_block_size(get()), "block_size"); }
+
+private:
+    engine_ptr ptr;
+
+    // scratch of draft(), kept to avoid allocating every step
+    std::vector<llama_token> tokens;
+    std::vector<int32_t>     n_drafted;
+
+    // llama_spec_dflash2_init reports no status: find it from the checks init
+    // starts with (params, then the drafter against the target)
+    static int32_t init_status(llama_context * ctx_tgt, const std::string & path_draft, const params & p) {
+        if (!ctx_tgt) {
+            return LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT;
+        }
+        int32_t rc = llama_spec_dflash2_params_check(&p);
+        if (rc == LLAMA_SPEC_DFLASH2_OK) {
+            rc = llama_spec_dflash2_checkpoint_check(path_draft.c_str(), llama_get_model(ctx_tgt), nullptr);
+        }
+        return rc != LLAMA_SPEC_DFLASH2_OK ? rc : LLAMA_SPEC_DFLASH2_ERR_BACKEND;
+    }
+};
+
+} // namespace dflash2

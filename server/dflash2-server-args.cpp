@@ -1,0 +1,73 @@
+// Our command-line options, taken out of argv before llama.cpp parses it.
+#include "dflash2-server-impl.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+dflash2_server_options & dflash2_server_opts() {
+    static dflash2_server_options options;
+    return options;
+}
+
+bool dflash2_server_take_args(int & argc, char ** argv) {
+    dflash2_server_options & opts = dflash2_server_opts();
+    int out = 1;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&]() -> const char * {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "error: %s needs a value\n", arg.c_str());
+                return nullptr;
+            }
+            return argv[++i];
+        };
+        if (arg == "--spec-dflash2-block-size") {
+            const char * v = value();
+            if (!v) {
+                return false;
+            }
+            char * end = nullptr;
+            const long n = std::strtol(v, &end, 10);
+            if (*end != '\0' || n < 0 || n == 1 || n > 4096) {
+                fprintf(stderr, "error: --spec-dflash2-block-size needs 0 (trained) or a block size >= 2, got '%s'\n", v);
+                return false;
+            }
+            opts.block_size = (int32_t) n;
+        } else if (arg == "--spec-dflash2-image-rows") {
+            const char * v = value();
+            if (!v) {
+                return false;
+            }
+            if (std::strcmp(v, "inject") == 0) {
+                opts.image_rows = LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT;
+            } else if (std::strcmp(v, "skip") == 0) {
+                opts.image_rows = LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP;
+            } else {
+                fprintf(stderr, "error: --spec-dflash2-image-rows is inject or skip, got '%s'\n", v);
+                return false;
+            }
+        } else if (arg == "--spec-dflash2-walk") {
+            const char * v = value();
+            if (!v) {
+                return false;
+            }
+            if (std::strcmp(v, "greedy") == 0) {
+                opts.walk = LLAMA_SPEC_DFLASH2_WALK_GREEDY;
+            } else if (std::strcmp(v, "adaptive") == 0) {
+                opts.walk = LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE;
+            } else {
+                fprintf(stderr, "error: --spec-dflash2-walk is greedy or adaptive, got '%s'\n", v);
+                return false;
+            }
+        } else if (arg == "--spec-dflash2-upstream") {
+            opts.use_upstream = true;
+        } else {
+            argv[out++] = argv[i];
+        }
+    }
+    argc = out;
+    argv[argc] = nullptr;
+    return true;
+}

@@ -1,0 +1,185 @@
+// Which path serves the drafter, and the life of the spec that serves it: the
+// routing decision, the target's output sizing and memory budget, creation of the
+// upstream or dflash2 implementation, and the lookup of a spec by target context.
+#include "dflash2-server-impl.h"
+
+#include "log.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace {
+
+// the spec serving each target context, for the hooks that only see contexts
+std::mutex                                       g_specs_mutex;
+std::map<llama_context *, dflash2_server_spec *> g_specs;
+
+// dflash2's log lines go through llama.cpp's logger, like the rest of the server's
+void log_to_common(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        LOG_ERR("%s", text);
+    } else if (level == GGML_LOG_LEVEL_WARN) {
+        LOG_WRN("%s", text);
+    } else {
+        LOG_INF("%s", text);
+    }
+}
+
+bool wants_dflash(const common_params & params) {
+    const auto & types = params.speculative.types;
+    return std::find(types.begin(), types.end(), COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH) != types.end();
+}
+
+// the engine's configuration from the server's: draft options, our flags, -devd
+// (devices receives the NULL-terminated list params.devices points into)
+dflash2::params engine_params(const common_params & params, std::vector<ggml_backend_dev_t> & devices) {
+    const dflash2_server_options & opts  = dflash2_server_opts();
+    const auto                   & draft = params.speculative.draft;
+
+    dflash2::params p = dflash2::default_params();
+    p.n_seq           = (uint32_t) params.n_parallel;
+    p.n_max           = draft.n_max;
+    p.n_min           = draft.n_min;
+    p.p_min           = draft.p_min;
+    p.block_size      = opts.block_size;
+    p.walk            = opts.walk;
+    p.image_rows      = opts.image_rows;
+    p.type_k          = (int32_t) draft.cache_type_k;
+    p.type_v          = (int32_t) draft.cache_type_v;
+    p.n_threads       = draft.cpuparams.n_threads > 0 ? draft.cpuparams.n_threads : 0;
+    p.n_threads_batch = draft.cpuparams_batch.n_threads > 0 ? draft.cpuparams_batch.n_threads : 0;
+    p.n_gpu_layers    = draft.n_gpu_layers;
+    p.use_extra_bufts = !params.no_extra_bufts;
+
+    // the list from llama.cpp's parser is NULL-terminated when non-empty
+    devices.clear();
+    for (ggml_backend_dev_t d : draft.devices) {
+        if (d) {
+            devices.push_back(d);
+        }
+    }
+    if (!devices.empty()) {
+        devices.push_back(nullptr);
+        p.devices = devices.data();
+    }
+    return p;
+}
+
+// the target's context per sequence, as llama_context will size it; before the
+// target is loaded its training context is unknown, the drafter's stands in for n_ctx 0
+uint32_t target_n_ctx_seq(const common_params & params, const std::string & path_draft) {
+    const uint32_t n_ctx = params.n_ctx > 0 ? (uint32_t) params.n_ctx : dflash2::checkpoint_check(path_draft).n_ctx_train;
+    if (params.kv_unified || params.n_parallel <= 1) {
+        return n_ctx;
+    }
+    return GGML_PAD(n_ctx / (uint32_t) params.n_parallel, 256);
+}
+
+dflash2_server_spec * init_dflash2(common_params & params, llama_context * ctx_tgt) {
+    dflash2_server_options & opts = dflash2_server_opts();
+    opts.init_failed = true; // until the engine exists
+    llama_spec_dflash2_log_set(log_to_common, nullptr);
+
+    if (params.speculative.has_synth()) {
+        throw std::runtime_error("dflash2: synthetic acceptance is not supported; add --spec-dflash2-upstream");
+    }
+    const std::string & path_draft = params.speculative.draft.mparams.path;
+    std::vector<ggml_backend_dev_t> devices;
+    dflash2_server_spec * spec = nullptr;
+    try {
+        spec = dflash2_server_spec_dflash2(ctx_tgt, path_draft, engine_params(params, devices), params.n_parallel);
+    } catch (const dflash2::error & e) {
+        throw std::runtime_error("dflash2 cannot serve the drafter '" + path_draft + "': " + e.message);
+    }
+    opts.init_failed = false;
+    return spec;
+}
+
+} // namespace
+
+bool dflash2_server_routes(const common_params & params) {
+    return params.speculative.has_dft() && wants_dflash(params) && !dflash2_server_opts().use_upstream;
+}
+
+int32_t dflash2_server_output_n_max(const common_params & params) {
+    const int32_t n_max = common_speculative_n_max(&params.speculative);
+    if (!dflash2_server_routes(params)) {
+        return n_max;
+    }
+    // size the target's outputs for the draft length dflash2 will use: at most block_size - 1
+    try {
+        const dflash2::checkpoint_info info = dflash2::checkpoint_check(params.speculative.draft.mparams.path);
+        const int32_t block_size = dflash2_server_opts().block_size;
+        const int32_t block = block_size > 0 ? std::min<int32_t>(block_size, info.block_size) : (int32_t) info.block_size;
+        return std::min(n_max, block - 1);
+    } catch (const dflash2::error &) {
+        return n_max; // init reports the error
+    }
+}
+
+common_init_result_ptr dflash2_server_init_target(common_params & params) {
+    if (!dflash2_server_routes(params) || !params.fit_params) {
+        return common_init_from_params(params);
+    }
+    const std::string path_draft = params.speculative.draft.mparams.path;
+    try {
+        std::vector<ggml_backend_dev_t> devices;
+        const size_t bytes = dflash2::estimate_memory(nullptr, path_draft, engine_params(params, devices),
+                target_n_ctx_seq(params, path_draft));
+        for (auto & margin : params.fit_params_target) {
+            margin += bytes;
+        }
+        LOG_INF("%s: reserving %.1f MiB per device for the dflash2 drafter\n", __func__, bytes / (1024.0 * 1024.0));
+    } catch (const dflash2::error &) {
+        // nothing reserved: the engine's creation refuses this drafter with the reason
+    }
+    // hide the drafter from upstream's fit pass only
+    params.speculative.draft.mparams.path.clear();
+    common_init_result_ptr res;
+    try {
+        res = common_init_from_params(params);
+    } catch (...) {
+        params.speculative.draft.mparams.path = path_draft;
+        throw;
+    }
+    params.speculative.draft.mparams.path = path_draft;
+    return res;
+}
+
+dflash2_server_spec * dflash2_server_spec_init(common_params & params, llama_context * ctx_tgt) {
+    dflash2_server_spec * spec = dflash2_server_routes(params) ? init_dflash2(params, ctx_tgt)
+                                                               : dflash2_server_spec_upstream(params);
+    if (!spec) {
+        return nullptr;
+    }
+    spec->counters.resize(params.n_parallel);
+    std::lock_guard<std::mutex> lock(g_specs_mutex);
+    g_specs[ctx_tgt] = spec;
+    return spec;
+}
+
+bool dflash2_server_init_failed(const common_params & params) {
+    return dflash2_server_routes(params) && dflash2_server_opts().init_failed;
+}
+
+dflash2_server_spec * dflash2_server_spec_for(llama_context * ctx_tgt) {
+    std::lock_guard<std::mutex> lock(g_specs_mutex);
+    auto it = g_specs.find(ctx_tgt);
+    return it == g_specs.end() ? nullptr : it->second;
+}
+
+void dflash2_server_spec_deleter::operator()(dflash2_server_spec * spec) const {
+    {
+        std::lock_guard<std::mutex> lock(g_specs_mutex);
+        for (auto it = g_specs.begin(); it != g_specs.end(); ++it) {
+            if (it->second == spec) {
+                g_specs.erase(it);
+                break;
+            }
+        }
+    }
+    delete spec;
+}

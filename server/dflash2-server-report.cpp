@@ -1,0 +1,86 @@
+// What the server reports about drafting: a slot's counters for /slots, dflash2's
+// statistics for /metrics (Prometheus text) and for the log.
+#include "dflash2-server-impl.h"
+
+#include "log.h"
+
+#include <mutex>
+
+namespace {
+
+// statistics copied after every step, for /metrics (rendered on the HTTP thread)
+std::mutex     g_stats_mutex;
+dflash2::stats g_stats       = {};
+int32_t        g_stats_n_max = 0;
+
+} // namespace
+
+void dflash2_server_publish_stats(const dflash2::stats & stats, int32_t n_max) {
+    std::lock_guard<std::mutex> lock(g_stats_mutex);
+    g_stats       = stats;
+    g_stats_n_max = n_max;
+}
+
+void dflash2_server_log_stats(const dflash2::stats & s, int32_t n_max) {
+    std::string per_pos;
+    for (int32_t i = 0; i < n_max && i < LLAMA_SPEC_DFLASH2_MAX_DRAFT && s.drafted_at[i] > 0; ++i) {
+        per_pos += string_format("%s%.3f", i ? ", " : "", (double) s.accepted_at[i] / s.drafted_at[i]);
+    }
+    LOG_INF("dflash2: drafts %llu, drafted %llu, accepted %llu (%.1f%%), acceptance by position (%s)\n",
+            (unsigned long long) s.n_drafts, (unsigned long long) s.n_drafted, (unsigned long long) s.n_accepted,
+            s.n_drafted ? 100.0 * s.n_accepted / s.n_drafted : 0.0, per_pos.c_str());
+    LOG_INF("dflash2: injected %llu rows in %llu decodes (%.1f ms), draft decodes %.1f ms, walks %.1f ms, "
+            "rejected rows kept out %llu\n",
+            (unsigned long long) s.n_injected, (unsigned long long) s.n_inject_decodes, s.t_inject_us / 1e3,
+            s.t_draft_us / 1e3, s.t_walk_us / 1e3, (unsigned long long) s.n_rejected_rows);
+}
+
+std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id) {
+    if (!spec || seq_id < 0 || (size_t) seq_id >= spec->counters.size()) {
+        return "{}";
+    }
+    const auto & c = spec->counters[seq_id];
+    std::string per_pos;
+    for (size_t i = 0; i < c.accepted_at.size(); ++i) {
+        per_pos += string_format("%s%lld", i ? ", " : "", (long long) c.accepted_at[i]);
+    }
+    return string_format("{\"engine\": \"%s\", \"n_drafted\": %lld, \"n_accepted\": %lld, \"n_verify_steps\": %lld, "
+            "\"accepted_at\": [%s]}", spec->name(), (long long) c.n_drafted, (long long) c.n_accepted,
+            (long long) c.n_verify_steps, per_pos.c_str());
+}
+
+std::string dflash2_server_metrics() {
+    dflash2::stats s;
+    int32_t n_max = 0;
+    {
+        std::lock_guard<std::mutex> lock(g_stats_mutex);
+        s     = g_stats;
+        n_max = g_stats_n_max;
+    }
+    if (n_max <= 0) {
+        return "";
+    }
+    std::string out;
+    auto counter = [&](const char * name, const char * help, double value) {
+        out += string_format("# HELP llamacpp:%s %s\n# TYPE llamacpp:%s counter\nllamacpp:%s %g\n", name, help, name,
+                name, value);
+    };
+    counter("dflash2_drafts_total", "dflash2 drafts that proposed at least one token", (double) s.n_drafts);
+    counter("dflash2_drafted_tokens_total", "dflash2 drafted tokens", (double) s.n_drafted);
+    counter("dflash2_accepted_tokens_total", "dflash2 drafted tokens the target accepted", (double) s.n_accepted);
+    counter("dflash2_injected_rows_total", "target rows injected into the draft KV", (double) s.n_injected);
+    counter("dflash2_rejected_rows_total", "verify rows kept out of the draft KV", (double) s.n_rejected_rows);
+    counter("dflash2_draft_decode_seconds_total", "time in noise-block decodes", s.t_draft_us / 1e6);
+    counter("dflash2_inject_seconds_total", "time in injection decodes", s.t_inject_us / 1e6);
+    out += "# HELP llamacpp:dflash2_drafted_at drafts that proposed a token at draft position pos\n"
+           "# TYPE llamacpp:dflash2_drafted_at counter\n";
+    for (int32_t i = 0; i < n_max && i < LLAMA_SPEC_DFLASH2_MAX_DRAFT; ++i) {
+        out += string_format("llamacpp:dflash2_drafted_at{pos=\"%d\"} %llu\n", i + 1, (unsigned long long) s.drafted_at[i]);
+    }
+    out += "# HELP llamacpp:dflash2_accepted_at drafts whose token at draft position pos was accepted\n"
+           "# TYPE llamacpp:dflash2_accepted_at counter\n";
+    for (int32_t i = 0; i < n_max && i < LLAMA_SPEC_DFLASH2_MAX_DRAFT; ++i) {
+        out += string_format("llamacpp:dflash2_accepted_at{pos=\"%d\"} %llu\n", i + 1, (unsigned long long) s.accepted_at[i]);
+    }
+    return out;
+}
