@@ -23,37 +23,6 @@
 #include <utility>
 #include <vector>
 
-// ---- TEMPORARY (issue 12): llama_spec_dflash2_estimate_memory lands in dflash2.h on
-// another branch. Until then this stand-in with the same signature keeps the
-// formula llama-server used: the drafter file, an F16 draft KV of n_ctx_seq rows
-// per sequence, 256 MiB of working buffers. Delete this whole block after the merge.
-#ifndef LLAMA_SPEC_DFLASH2_HAS_ESTIMATE_MEMORY
-#include <cstdio>
-static inline int32_t llama_spec_dflash2_estimate_memory(const struct llama_model * model_tgt, const char * path_draft,
-        struct llama_spec_dflash2_params params, uint32_t n_ctx_seq, size_t * bytes) {
-    if (!path_draft || !bytes) {
-        return LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT;
-    }
-    struct llama_spec_dflash2_checkpoint_info info;
-    const int32_t rc = llama_spec_dflash2_checkpoint_check(path_draft, model_tgt, &info);
-    if (rc != LLAMA_SPEC_DFLASH2_OK) {
-        return rc;
-    }
-    size_t total = 0;
-    if (FILE * f = std::fopen(path_draft, "rb")) {
-        std::fseek(f, 0, SEEK_END);
-        total = (size_t) std::ftell(f);
-        std::fclose(f);
-    }
-    const size_t n_ctx = (size_t) (n_ctx_seq > 0 ? n_ctx_seq : info.n_ctx_train) * (params.n_seq > 0 ? params.n_seq : 1);
-    total += n_ctx * info.n_layer * 2 * info.n_head_kv * info.head_dim * sizeof(uint16_t);
-    total += 256u * 1024 * 1024;
-    *bytes = total;
-    return LLAMA_SPEC_DFLASH2_OK;
-}
-#endif
-// ---- end of TEMPORARY
-
 namespace dflash2 {
 
 using params          = llama_spec_dflash2_params;
