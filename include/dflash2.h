@@ -331,7 +331,9 @@ bool llama_spec_dflash2_is_dflash2(const char *path);
 //
 // The host's own target KV and compute buffers are not included. Checks the
 // file and the params as llama_spec_dflash2_init would (same errors), without
-// loading anything. Returns 0, or a negative status with the reason in
+// loading anything. `model_tgt` may be NULL (a host sizing memory before it
+// loads its target, as llama-server does): the drafter is then not checked
+// against a target. Returns 0, or a negative status with the reason in
 // llama_spec_dflash2_last_error(); `*bytes` is written on success only.
 int32_t llama_spec_dflash2_estimate_memory(const struct llama_model *model_tgt,
                                            const char *path_draft,

@@ -42,8 +42,15 @@ fn check(target_path: &Path, drafter: &Path, n_ctx: u32, params: llama_spec_dfla
 
     let config = Config::from_c(&params, None).unwrap();
     let facts = unsafe { sys::target_facts(target.model.0) };
-    let estimate = estimate_memory(&facts, drafter, &config, n_ctx_seq).unwrap();
+    let estimate = estimate_memory(Some(&facts), drafter, &config, n_ctx_seq).unwrap();
     assert_eq!(estimate.total() as usize, bytes, "{what}");
+    // without the target (a server sizing memory before loading it): the same
+    // bytes, since a compatible target shares the drafter's n_embd
+    let mut without = 0usize;
+    let rc = unsafe {
+        llama_spec_dflash2_estimate_memory(ptr::null(), cstr(drafter).as_ptr(), params, n_ctx_seq, &mut without)
+    };
+    assert_eq!((rc, without), (0, bytes), "{what}: without a target: {}", last_error());
 
     let engine = Engine::new(unsafe { TargetContext::from_raw(target.ctx) }.unwrap(), drafter, &config).unwrap();
     let used = engine.memory_use().unwrap();
@@ -95,7 +102,6 @@ fn the_estimate_fails_cleanly_and_writes_nothing() {
     };
     let mut bytes = 7usize;
     let cases: Vec<(*const sys::llama_model, Option<std::path::PathBuf>, llama_spec_dflash2_params, &str, &str)> = vec![
-        (ptr::null(), Some(fx.drafter.clone()), default_params(1), "NULL_ARGUMENT", "model_tgt"),
         (target.model.0, None, default_params(1), "NULL_ARGUMENT", "path_draft"),
         (target.model.0, Some("/nonexistent/d.gguf".into()), default_params(1), "IO", "/nonexistent/d.gguf"),
         (target.model.0, Some(broken("truncated")), default_params(1), "BAD_CHECKPOINT", "truncated"),

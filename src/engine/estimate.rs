@@ -69,8 +69,16 @@ fn compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, cells: u64, stre
 
 /// Estimates what an engine for the drafter at `path` allocates next to a
 /// target with `target` facts whose context has `n_ctx_seq` cells per sequence.
-/// Fails as engine creation would on a bad file, params or target.
-pub fn estimate_memory(target: &TargetFacts, path: &Path, config: &Config, n_ctx_seq: u32) -> Result<MemoryEstimate> {
+/// Fails as engine creation would on a bad file, params or target. Without a
+/// target (a host sizing memory before loading it) the drafter is not checked
+/// against one, and the tap features take the drafter's n_embd, which a
+/// compatible target shares.
+pub fn estimate_memory(
+    target: Option<&TargetFacts>,
+    path: &Path,
+    config: &Config,
+    n_ctx_seq: u32,
+) -> Result<MemoryEstimate> {
     let ckpt = open_drafter(path, target)?;
     let limits = limits(config, &ckpt)?;
     let size = context_size(config, &limits, n_ctx_seq)?;
@@ -81,7 +89,8 @@ pub fn estimate_memory(target: &TargetFacts, path: &Path, config: &Config, n_ctx
     let type_v = config.type_v.unwrap_or(GGML_TYPE_F16);
     let kv_row = row_bytes(type_k, n_embd_kv)? + row_bytes(type_v, n_embd_kv)?;
     let kv = hp.n_layer as u64 * cells * streams * kv_row;
-    let n_feat = hp.target_layers.len() as u64 * target.n_embd as u64;
+    let n_embd_target = target.map_or(hp.n_embd, |t| t.n_embd);
+    let n_feat = hp.target_layers.len() as u64 * n_embd_target as u64;
     let quantized_kv = type_k != GGML_TYPE_F16 || type_v != GGML_TYPE_F16;
     let compute = compute_bytes(&ckpt, n_feat, size.n_ubatch as u64, cells, streams, quantized_kv);
     Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute })

@@ -117,9 +117,12 @@ pub fn context_size(config: &Config, limits: &Limits, n_ctx_seq_target: u32) -> 
 }
 
 /// Opens the drafter and checks it against the target and this library.
-pub fn open_drafter(path: &Path, target: &TargetFacts) -> Result<Checkpoint> {
+/// Opens and checks a drafter, against the target when one is given.
+pub fn open_drafter(path: &Path, target: Option<&TargetFacts>) -> Result<Checkpoint> {
     let ckpt = checkpoint::open(path)?;
-    checkpoint::check_target(&ckpt, target)?;
+    if let Some(target) = target {
+        checkpoint::check_target(&ckpt, target)?;
+    }
     if ckpt.hparams.n_vocab > MAX_VOCAB {
         return Err(Error::unsupported(format!(
             "vocabulary of {} tokens: candidate ids travel as f32 and are exact only below 2^24",
@@ -138,7 +141,7 @@ pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Se
             target.n_seq_max()
         )));
     }
-    let ckpt = open_drafter(path, &target.facts())?;
+    let ckpt = open_drafter(path, Some(&target.facts()))?;
     let limits = limits(config, &ckpt)?;
     let devices = choose_devices(config.devices.as_deref(), &ckpt, target)?;
     let size = context_size(config, &limits, target.n_ctx_seq())?;

@@ -150,7 +150,9 @@ pub unsafe extern "C" fn llama_spec_dflash2_is_dflash2(path: *const c_char) -> b
 ///
 /// The host's own target KV and compute buffers are not included. Checks the
 /// file and the params as llama_spec_dflash2_init would (same errors), without
-/// loading anything. Returns 0, or a negative status with the reason in
+/// loading anything. `model_tgt` may be NULL (a host sizing memory before it
+/// loads its target, as llama-server does): the drafter is then not checked
+/// against a target. Returns 0, or a negative status with the reason in
 /// llama_spec_dflash2_last_error(); `*bytes` is written on success only.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_estimate_memory(
@@ -161,11 +163,11 @@ pub unsafe extern "C" fn llama_spec_dflash2_estimate_memory(
     bytes: *mut usize,
 ) -> i32 {
     boundary::status(|| {
-        let facts = target_model(model_tgt, "model_tgt")?;
+        let facts = if model_tgt.is_null() { None } else { Some(target_model(model_tgt, "model_tgt")?) };
         let path = path(path_draft, "path_draft")?;
         let out = output(bytes, "bytes")?;
         let config = Config::from_c(&params, boundary::devices(params.devices)?)?;
-        *out = estimate_memory(&facts, &path, &config, n_ctx_seq)?.total() as usize;
+        *out = estimate_memory(facts.as_ref(), &path, &config, n_ctx_seq)?.total() as usize;
         Ok(())
     })
 }
