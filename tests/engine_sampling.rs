@@ -147,7 +147,11 @@ fn accept(spec: &Spec, seq: i32, n: i32) -> i32 {
 /// A target context on one thread: ggml's threads spin at every barrier, and
 /// on a loaded machine two of them can take a hundred times longer than one.
 fn target_1t(model: &Path, n_seq: u32) -> Target {
-    let t = Target::new(model, n_seq, 256 * n_seq, 64);
+    target_1t_ctx(model, n_seq, 256 * n_seq)
+}
+
+fn target_1t_ctx(model: &Path, n_seq: u32, n_ctx: u32) -> Target {
+    let t = Target::new(model, n_seq, n_ctx, 64);
     unsafe { sys::llama_set_n_threads(t.ctx, 1, 1) };
     t
 }
@@ -555,6 +559,10 @@ struct Acceptance {
     /// how many drafts reached the position.
     expected: Vec<f64>,
     reached: Vec<usize>,
+    /// Sampled drafts only, on the same contexts: p(t) at draft position 0
+    /// of the token a greedy draft would have put there (q's best candidate:
+    /// the first row's argmax, which is what the greedy walk takes), summed.
+    greedy_first: f64,
 }
 
 impl Acceptance {
@@ -573,6 +581,14 @@ impl Acceptance {
                 )
             })
             .collect();
+        if self.greedy_first > 0.0 {
+            eprintln!(
+                "  position 0 on the same {} contexts: sum min(p, q) {:.3} vs p(greedy token) {:.3}",
+                self.reached[0],
+                self.expected[0] / self.reached[0] as f64,
+                self.greedy_first / self.reached[0] as f64
+            );
+        }
         eprintln!(
             "{what}: tau {:.3} ({} tokens in {} steps), accepted/drafted {}/{} = {:.3}, by position: {}",
             self.tau(),
@@ -601,7 +617,7 @@ fn generate_sampled(
 ) -> Acceptance {
     let sampled = draft_t.is_some();
     let mut a = Acceptance { expected: vec![0.0; 64], reached: vec![0; 64], ..Default::default() };
-    let mut target = target_1t(model, 1);
+    let mut target = target_1t_ctx(model, 1, 2048);
     let spec = Spec::new(&target, drafter, params_1t(1));
     let vocab = unsafe { sys::llama_model_get_vocab(target.model.0) };
     let n_vocab = target.n_vocab;
@@ -638,6 +654,10 @@ fn generate_sampled(
             let p: Vec<Vec<f32>> = (0..rows.len()).map(|i| host_p(logits(&target, i), t, 0)).collect();
             let emitted = if sampled {
                 let q = draft_q(&spec, 0, d.len()).unwrap();
+                if let Some((ids, probs)) = q.first() {
+                    let best = (0..ids.len()).max_by(|&a, &b| probs[a].total_cmp(&probs[b]).then(b.cmp(&a))).unwrap();
+                    a.greedy_first += p[0][ids[best] as usize] as f64;
+                }
                 for (i, (ids, probs)) in q.iter().enumerate() {
                     // the expected acceptance at i, given the path drafted so far
                     a.expected[i] +=
