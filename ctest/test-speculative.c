@@ -143,7 +143,7 @@ int main(int argc, char ** argv) {
     while (n_out[0] < N_GEN || n_out[1] < N_GEN) {
         struct llama_spec_dflash2_draft_request reqs[N_SEQ];
         for (int s = 0; s < N_SEQ; ++s) {
-            reqs[s] = (struct llama_spec_dflash2_draft_request) { s, out[s][n_out[s] - 1], N_MAX };
+            reqs[s] = (struct llama_spec_dflash2_draft_request) { .seq_id = s, .id_last = out[s][n_out[s] - 1], .n_max = N_MAX };
         }
         llama_token drafted[N_SEQ * N_MAX];
         int32_t     n_drafted[N_SEQ];

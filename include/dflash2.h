@@ -18,7 +18,10 @@
 // 2: llama_spec_dflash2_stats gained n_verify_steps and tau; a skipped
 // accept() is an error; llama_spec_dflash2_verify_greedy and
 // llama_spec_dflash2_estimate_memory.
-#define LLAMA_SPEC_DFLASH2_API_VERSION 2
+// 3: llama_spec_dflash2_draft_request gained temperature, draft_temperature
+// and seed (sampled drafts; zero = greedy as before, but the struct is larger);
+// llama_spec_dflash2_top_k, _draft_q, _verify_sampled_step, _verify_sampled.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 3
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -184,7 +187,8 @@ struct llama_spec_dflash2_row {
   bool embd;
 };
 
-// One sequence's part of a draft call.
+// One sequence's part of a draft call. Zero-initialized sampling fields (a
+// `{ seq_id, id_last, n_max }` initializer) draft greedily, as API version 2 did.
 struct llama_spec_dflash2_draft_request {
   int32_t seq_id;
   // The token the host sampled last: it anchors the block. The target has not
@@ -192,6 +196,31 @@ struct llama_spec_dflash2_draft_request {
   int32_t id_last;
   // Most tokens to draft for this sequence (> 0); capped at the engine's n_max.
   int32_t n_max;
+  // The host's sampling temperature for this sequence (finite, >= 0).
+  // 0: the greedy chain, bit for bit the drafts of a greedy engine (the
+  // fields below are ignored). > 0: a sampled draft: each token is drawn from
+  // the lattice distribution q = softmax(S[previous pick] / draft_temperature)
+  // over the drafter's top_k candidates of its position, and q is kept for
+  // lossless verification (llama_spec_dflash2_draft_q,
+  // llama_spec_dflash2_verify_sampled[_step]). p_min cuts on the row's
+  // temperature-1 softmax at its best candidate, known before the token is
+  // drawn; n_min does not apply to sampled drafts (dropping a short sampled
+  // draft would bias the output).
+  float temperature;
+  // Temperature of the draft walk when temperature > 0: < 0 or 0 (unset) =
+  // temperature; > 0 = this value (a lower one can raise acceptance when the
+  // host's chain truncates p with top-k/top-p/min-p). Whatever it is, the
+  // verified output is the target's. NaN and infinities are refused.
+  float draft_temperature;
+  // Seed of the sequence's two generators (the draft walk's and the
+  // verifier's, independent streams of (seed, seq_id)), used as given
+  // (resolve llama.cpp's LLAMA_DEFAULT_SEED to a number first). They are
+  // seeded by the first sampled draft of the sequence after it was created
+  // or emptied (seq_clear, a seq_rm of all its rows, state_set, being the
+  // destination of seq_cp), and reseeded by a sampled draft whose seed
+  // differs from theirs; otherwise they carry on across steps. So the same
+  // seed and the same calls give the same drafts and the same verified output.
+  uint32_t seed;
 };
 
 // What the engine holds for one sequence.
@@ -390,8 +419,11 @@ int32_t llama_spec_dflash2_process_batch(struct llama_spec_dflash2 *spec, llama_
 // `tokens` (room for `n_tokens_max`) receives the drafts concatenated in
 // request order; `n_drafted` (room for `n_requests`) the length of each
 // request's draft: 0 when the walk stopped before its first token, or below
-// n_min. `n_tokens_max` must hold the sum of the requests' n_max (capped at
-// the engine's n_max), else _BUFFER_TOO_SMALL and nothing changes.
+// n_min (greedy requests). `n_tokens_max` must hold the sum of the requests'
+// n_max (capped at the engine's n_max), else _BUFFER_TOO_SMALL and nothing
+// changes. A request with temperature > 0 drafts by sampling (see
+// llama_spec_dflash2_draft_request); a bad temperature, draft_temperature or
+// id_last is _INVALID_ARGUMENT, found before anything changes.
 //
 // Every requested sequence then has a draft awaiting accept(); the rows the
 // host decodes for it next (the verify batch: id_last, then the draft) are held
@@ -414,6 +446,9 @@ int32_t llama_spec_dflash2_draft(struct llama_spec_dflash2 *spec,
 // (llama_memory_seq_rm(mem, seq_id, n_past + n_accepted + 1, -1)); repeating
 // that seq_rm on the engine afterwards is harmless. A draft of 0 tokens held
 // no rows: accept(seq_id, 0) closes it, and skipping it is allowed too.
+// After llama_spec_dflash2_verify_sampled_step, n_accepted must be the number
+// of positions it accepted (_INVALID_ARGUMENT otherwise), and accept() in the
+// middle of that verification is _INVALID_STATE.
 // Returns 0, or _INVALID_STATE (no draft, or the verify rows were not passed to
 // process()) / _INVALID_ARGUMENT (n_accepted out of range) / _UNKNOWN_SEQUENCE.
 int32_t llama_spec_dflash2_accept(struct llama_spec_dflash2 *spec,
@@ -455,6 +490,106 @@ int32_t llama_spec_dflash2_n_max(struct llama_spec_dflash2 *spec);
 
 // Noise block width in use (anchor + masks), or a negative status.
 int32_t llama_spec_dflash2_block_size(struct llama_spec_dflash2 *spec);
+
+// Candidates per drafted token in a sampled draft's q (the drafter's selector
+// top-k, K), or a negative status. llama_spec_dflash2_draft_q writes K
+// entries per drafted token.
+int32_t llama_spec_dflash2_top_k(struct llama_spec_dflash2 *spec);
+
+// The draft distribution q of every token of the sampled draft of `seq_id`
+// that awaits accept(): for drafted token i (in draft order), entries
+// [i*K, (i+1)*K) of `ids` and `probs` (K = llama_spec_dflash2_top_k) hold the
+// distinct candidate ids the token was drawn from and their probabilities
+// (given the tokens drafted before it), those with probability > 0 first, in
+// candidate order, then padding (id -1, probability 0). Each token's
+// probabilities sum to 1 up to float rounding; q is 0 outside its ids. The
+// verifier uses exactly this q.
+//
+// `ids` and `probs` have room for `n_cap` >= n_drafted * K entries each;
+// `*k` (NULL allowed) receives K. Returns 0, or _INVALID_STATE (no draft
+// awaiting accept, or a greedy one: temperature 0 drafts have no q) /
+// _BUFFER_TOO_SMALL / _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing is written then.
+int32_t llama_spec_dflash2_draft_q(struct llama_spec_dflash2 *spec,
+                                   int32_t seq_id,
+                                   llama_token *ids,
+                                   float *probs,
+                                   int32_t n_cap,
+                                   int32_t *k);
+
+// Lossless verification of one position of the sampled draft of `seq_id`,
+// for a host that computes the target's distribution row by row (llama-server
+// runs its sampler chain per verify row). `p` is that distribution at draft
+// position `i`, i.e. after id_last and drafted tokens 0..i-1 (the verify
+// row of id_last for i = 0, of drafted token i-1 otherwise): the candidates as
+// llama.cpp's sampler chain leaves `cur_p` (`p->data[0 .. p->size)`, any order,
+// possibly a truncated list such as after top-k), read through their `.id`
+// and `.p` only (`.logit`, `selected` and `sorted` are ignored). Every `.p`
+// must be finite and >= 0, every id in the vocabulary, and they must sum to 1
+// within 1e-3 (they are then renormalized; duplicate ids add up; ids absent
+// have probability 0). A chain whose last samplers truncate without
+// renormalizing (top-p, min-p leave the kept p summing below 1) must be
+// followed by a softmax (llama.cpp's final `dist` sampler does it).
+//
+// With the sequence's verify generator:
+// - 0 <= i < n_drafted: accepts drafted token i with probability
+//   min(1, p(t) / q(t)): `*token` = t, `*accepted` = true, go on with i + 1;
+//   otherwise `*token` = a replacement drawn from max(0, p - q) (normalized),
+//   `*accepted` = false, and the verification of this draft ends.
+// - i == n_drafted (every drafted token accepted, or a draft of 0 tokens):
+//   `*token` = the bonus token drawn from p, `*accepted` = false, the end.
+//
+// The tokens written are what the host emits, in order; every one is
+// distributed as the target's p at its position, whatever the draft.
+//
+// Call it for i = 0, 1, ... until `*accepted` is false (a call out of order,
+// or after the end, is _INVALID_STATE); then call
+// llama_spec_dflash2_accept(spec, seq_id, n) with n = the number of positions
+// accepted (the last i), which accept() checks. Returns 0, or _INVALID_STATE
+// (no draft awaiting accept, a greedy draft, the wrong position) /
+// _INVALID_ARGUMENT (i outside 0..n_drafted, a bad p) / _NULL_ARGUMENT /
+// _UNKNOWN_SEQUENCE; on error nothing changes (no random number is used) and
+// the same position may be retried.
+int32_t llama_spec_dflash2_verify_sampled_step(struct llama_spec_dflash2 *spec,
+                                               int32_t seq_id,
+                                               int32_t i,
+                                               const llama_token_data_array *p,
+                                               llama_token *token,
+                                               bool *accepted);
+
+// Lossless verification and accept() in one call for a sampled draft, with
+// the target's distributions as dense rows, for a host that has them at once.
+// After the verify batch was decoded and passed to process(): `p_rows` holds
+// `n_rows` = n_drafted + 1 rows of `n_vocab` floats (row-major; n_vocab the
+// model's vocabulary size), row k the host's sampling distribution after
+// id_last and drafted tokens 0..k-1 (the target's logits of verify row k put
+// through the host's sampler chain, e.g. softmax(logits / temperature)), each
+// row finite, >= 0, summing to 1 within 1e-3 (then renormalized).
+//
+// With the sequence's verify generator it accepts drafted token i with
+// probability min(1, p_i(t) / q_i(t)), on the first rejection draws the
+// replacement from max(0, p_i - q_i) and stops, and after a fully accepted
+// draft draws the bonus token from the last row; then accepts the kept
+// tokens (llama_spec_dflash2_accept). `emitted` (room for `n_emitted_max` >=
+// n_rows tokens) receives what the host emits this step: the n accepted
+// drafted tokens, then the replacement or the bonus token; `*n_emitted` =
+// n + 1. The last of them is the next step's id_last. The host still trims
+// its target's memory to the rows it keeps (id_last's and the n accepted
+// ones): llama_memory_seq_rm(mem, seq_id, n_past + *n_emitted, -1), where
+// n_past is id_last's position.
+//
+// Returns 0, or _INVALID_STATE (no draft awaiting accept, a greedy draft, one
+// that llama_spec_dflash2_verify_sampled_step began, or its verify rows not
+// passed to process()) / _INVALID_ARGUMENT (n_rows not the draft's length plus
+// one, n_vocab not the model's, a row that is not a distribution) /
+// _BUFFER_TOO_SMALL / _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing changes then.
+int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
+                                          int32_t seq_id,
+                                          const float *p_rows,
+                                          int32_t n_rows,
+                                          int32_t n_vocab,
+                                          llama_token *emitted,
+                                          int32_t n_emitted_max,
+                                          int32_t *n_emitted);
 
 // Mirrors llama_memory_seq_rm on the target: removes the rows at target
 // positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every

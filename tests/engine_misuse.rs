@@ -114,7 +114,8 @@ fn call_order_and_argument_errors_leave_the_engine_unchanged() {
     assert_eq!(process(&[row(0, 0, -3)]), status_code("INVALID_ARGUMENT"));
     assert_eq!(unsafe { llama_spec_dflash2_process(spec.0, ptr::null(), 2) }, status_code("NULL_ARGUMENT"));
 
-    let req = |seq, id_last, n_max| llama_spec_dflash2_draft_request { seq_id: seq, id_last, n_max };
+    let req =
+        |seq, id_last, n_max| llama_spec_dflash2_draft_request { seq_id: seq, id_last, n_max, ..Default::default() };
     let draft = |reqs: &[llama_spec_dflash2_draft_request], cap: usize| {
         let mut tokens = vec![0i32; cap];
         let mut n = vec![0i32; reqs.len()];
@@ -210,7 +211,14 @@ fn a_target_that_cannot_capture_layer_inputs_is_refused_before_anything_changes(
 /// the rows `logits` says) and feeds it to the engine: the draft then awaits
 /// accept(). Returns the draft.
 fn draft_and_verify(target: &mut Target, spec: &Spec, s: &Stream, logits: impl Fn(usize) -> bool) -> Vec<i32> {
-    let d = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: s.seq, id_last: s.id_last, n_max: 3 }]).remove(0);
+    let d = spec
+        .draft(&[llama_spec_dflash2_draft_request {
+            seq_id: s.seq,
+            id_last: s.id_last,
+            n_max: 3,
+            ..Default::default()
+        }])
+        .remove(0);
     let mut rows = vec![TRow { seq: s.seq, token: s.id_last, pos: s.n_past, logits: logits(0) }];
     rows.extend(d.iter().enumerate().map(|(j, &t)| TRow {
         seq: s.seq,
@@ -224,7 +232,7 @@ fn draft_and_verify(target: &mut Target, spec: &Spec, s: &Stream, logits: impl F
 }
 
 fn raw_draft(spec: &Spec, s: &Stream) -> i32 {
-    let req = llama_spec_dflash2_draft_request { seq_id: s.seq, id_last: s.id_last, n_max: 3 };
+    let req = llama_spec_dflash2_draft_request { seq_id: s.seq, id_last: s.id_last, n_max: 3, ..Default::default() };
     let (mut tokens, mut n) = ([0i32; 3], [0i32; 1]);
     unsafe { llama_spec_dflash2_draft(spec.0, &req, 1, tokens.as_mut_ptr(), 3, n.as_mut_ptr()) }
 }

@@ -76,7 +76,9 @@ fn speculative(image_rows: i32) -> (Vec<i32>, Spec, Target, i32) {
     let mut out = vec![first];
     let mut id_last = first;
     while out.len() < N_GEN {
-        let d = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last, n_max: 3 }]).remove(0);
+        let d = spec
+            .draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last, n_max: 3, ..Default::default() }])
+            .remove(0);
         let mut rows = vec![token_row(0, id_last, n_past, true)];
         rows.extend(d.iter().enumerate().map(|(j, &t)| token_row(0, t, n_past + 1 + j as i32, true)));
         let v = target.decode_ext(&rows);

@@ -16,7 +16,14 @@ fn prompt(t: &Target) -> Vec<i32> {
 
 /// Drafts for sequence 0 and decodes the verify batch; returns the draft.
 fn draft_and_verify(target: &mut Target, spec: &Spec, s: &Stream) -> Vec<i32> {
-    let d = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: s.seq, id_last: s.id_last, n_max: 3 }]).remove(0);
+    let d = spec
+        .draft(&[llama_spec_dflash2_draft_request {
+            seq_id: s.seq,
+            id_last: s.id_last,
+            n_max: 3,
+            ..Default::default()
+        }])
+        .remove(0);
     let mut rows = vec![TRow { seq: s.seq, token: s.id_last, pos: s.n_past, logits: true }];
     rows.extend(d.iter().enumerate().map(|(j, &t)| TRow {
         seq: s.seq,
@@ -57,7 +64,7 @@ fn a_partial_accept_keeps_exactly_the_accepted_rows() {
     assert_eq!(spec.stats().n_rejected_rows, 2);
 
     // the next draft injects the two accepted rows, and only them
-    spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last: 5, n_max: 3 }]);
+    spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last: 5, n_max: 3, ..Default::default() }]);
     let info = spec.info(0);
     assert_eq!((info.n_in_kv, info.n_queued), (n_past + 2, 0));
     assert_eq!((info.kv_pos_min, info.kv_pos_max), (0, n_past + 1));
@@ -205,7 +212,7 @@ fn a_restored_state_gives_the_identical_next_draft() {
     let saved = blob(&spec, 0);
     assert!(saved.len() > small, "the blob grows with the sequence: {} -> {}", small, saved.len());
     let id_last = streams[0].id_last;
-    let next = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last, n_max: 3 }]);
+    let next = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last, n_max: 3, ..Default::default() }]);
 
     // a fresh engine on a fresh target context, larger, with nothing decoded
     let target2 = Target::new(&fx.target, 1, 4096, 512);
@@ -214,7 +221,7 @@ fn a_restored_state_gives_the_identical_next_draft() {
     assert_eq!(rc, 0, "{}", last_error());
     assert_eq!(spec2.info(0).n_in_kv + spec2.info(0).n_queued, streams[0].n_past);
     assert_eq!(blob(&spec2, 0).len(), saved.len(), "the blob size does not follow the context size");
-    let next2 = spec2.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last, n_max: 3 }]);
+    let next2 = spec2.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last, n_max: 3, ..Default::default() }]);
     assert_eq!(next, next2);
 }
 

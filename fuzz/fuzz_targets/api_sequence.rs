@@ -56,7 +56,7 @@ fn run(host: &mut Host, input: &mut Input) {
             4 => {
                 let n = (input.byte() % 4) as usize;
                 let reqs: Vec<llama_spec_dflash2_draft_request> = (0..n)
-                    .map(|_| llama_spec_dflash2_draft_request { seq_id: input.seq(), id_last: input.int(), n_max: input.int() })
+                    .map(|_| llama_spec_dflash2_draft_request { seq_id: input.seq(), id_last: input.int(), n_max: input.int(), ..Default::default() })
                     .collect();
                 // the buffers are what they say, or smaller than the requests need
                 let cap = (input.byte() as usize) % 40;

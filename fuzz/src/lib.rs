@@ -227,7 +227,7 @@ impl Host {
         if !s.live {
             return Vec::new();
         }
-        let req = llama_spec_dflash2_draft_request { seq_id: seq, id_last: s.id_last, n_max };
+        let req = llama_spec_dflash2_draft_request { seq_id: seq, id_last: s.id_last, n_max, ..Default::default() };
         let mut tokens = vec![0i32; n_max.max(0) as usize];
         let mut n = 0i32;
         let rc = unsafe { llama_spec_dflash2_draft(self.spec, &req, 1, tokens.as_mut_ptr(), n_max, &mut n) };

@@ -3,12 +3,12 @@
 
 use std::time::Instant;
 
-use super::sequence::Outstanding;
+use super::sampled::{self, Mode, Walked};
 use super::stats::us_since;
 use super::{Engine, Request};
 use crate::error::{Error, Result};
 use crate::log;
-use crate::selector::{Lattice, Pick, WalkLimits, greedy_walk_scored};
+use crate::selector::{Lattice, WalkLimits};
 use crate::sys::DraftContext;
 
 /// A request's noise block in the draft batch.
@@ -56,6 +56,7 @@ impl Engine {
             if r.n_max <= 0 {
                 return Err(Error::invalid(format!("n_max {} for sequence {} (must be > 0)", r.n_max, r.seq)));
             }
+            sampled::mode(r)?;
         }
         let needed: usize = reqs.iter().map(|r| self.request_cap(r)).sum();
         if n_tokens < needed || n_lengths < reqs.len() {
@@ -104,20 +105,18 @@ impl Engine {
         let drafts = self.decode_and_walk(reqs, blocks, width)?;
 
         let mut at = 0;
-        for (i, r) in reqs.iter().enumerate() {
-            let d = &drafts[i];
-            for (slot, pick) in tokens[at..at + d.len()].iter_mut().zip(d) {
-                *slot = pick.token;
-            }
-            at += d.len();
-            n_drafted[i] = d.len() as i32;
+        for (i, (r, d)) in reqs.iter().zip(drafts).enumerate() {
+            let n = d.len();
+            tokens[at..at + n].copy_from_slice(&d.tokens());
+            at += n;
+            n_drafted[i] = n as i32;
             let seq = &mut self.seqs[r.seq as usize];
-            seq.outstanding = Some(Outstanding {
-                tokens: d.iter().map(|p| p.token).collect(),
-                confidences: d.iter().map(|p| p.confidence).collect(),
-                after_target: seq.last_target_pos(),
-            });
-            self.stats.record_draft(d.len());
+            if let Mode::Sampled { seed, .. } = sampled::mode(r)? {
+                // a sampled draft of 0 tokens still verifies (the bonus draw)
+                sampled::seeded(&mut seq.rng, seed, r.seq);
+            }
+            seq.outstanding = Some(d.into_outstanding(seq.last_target_pos()));
+            self.stats.record_draft(n);
         }
         if let Some(policy) = self.policy.as_mut() {
             policy.draft_done(Instant::now());
@@ -151,8 +150,9 @@ impl Engine {
 
     /// Decodes the noise blocks and walks each block's lattice; the blocks
     /// leave the draft KV before this returns, whatever happens.
-    fn decode_and_walk(&mut self, reqs: &[Request], blocks: Vec<Block>, width: usize) -> Result<Vec<Vec<Pick>>> {
-        let mut drafts: Vec<Vec<Pick>> = vec![Vec::new(); reqs.len()];
+    fn decode_and_walk(&mut self, reqs: &[Request], blocks: Vec<Block>, width: usize) -> Result<Vec<Walked>> {
+        let modes = reqs.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
+        let mut drafts: Vec<Walked> = modes.iter().map(|&m| Walked::empty(m)).collect();
         if blocks.is_empty() {
             return Ok(drafts);
         }
@@ -176,10 +176,10 @@ impl Engine {
             let lattice = Lattice::new(&lattice[b * row..(b + 1) * row], self.n_embd_draft, self.top_k)
                 .expect("the checkpoint check guarantees n_embd >= k(k+1)");
             let limits = WalkLimits { n_max: caps[block.request], n_min: self.limits.n_min, p_min: self.limits.p_min };
-            let mut picks = greedy_walk_scored(&lattice, limits, self.n_vocab);
+            let rng = &mut self.seqs[block.seq as usize].rng;
+            let mut picks = sampled::walk(&lattice, limits, self.n_vocab, modes[block.request], block.seq, rng)?;
             if let Some(policy) = self.policy.as_mut() {
-                let confidences: Vec<f32> = picks.iter().map(|p| p.confidence).collect();
-                picks.truncate(policy.keep(&confidences));
+                picks.truncate(policy.keep(&picks.confidences()));
             }
             drafts[block.request] = picks;
         }

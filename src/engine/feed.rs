@@ -166,6 +166,9 @@ impl Engine {
             return Err(Error::invalid(format!("accept({seq}, {n_accepted}): the draft has {n_drafted} tokens")));
         }
         let n_accepted = n_accepted as usize;
+        if let Some(sd) = o.sampled.as_ref() {
+            sd.check_accept(seq, n_accepted)?;
+        }
         let n_rows = if n_drafted > 0 { n_accepted + 1 } else { 0 };
         if q.held.len() < n_rows {
             return Err(Error::invalid_state(format!(

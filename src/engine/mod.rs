@@ -14,6 +14,7 @@ mod estimate;
 mod feed;
 mod memory;
 mod row_queue;
+mod sampled;
 mod sequence;
 mod setup;
 mod state;
@@ -47,12 +48,19 @@ pub struct Row {
 }
 
 /// One sequence's part of a draft call.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Request {
     pub seq: i32,
     /// The last token the host sampled; the target has not decoded it yet.
     pub id_last: i32,
     pub n_max: i32,
+    /// The host's sampling temperature: 0 drafts the greedy chain; > 0 a
+    /// sampled draft with q (`sampled`).
+    pub temperature: f32,
+    /// Temperature of the draft walk at temperature > 0; <= 0 takes `temperature`.
+    pub draft_temperature: f32,
+    /// Seeds the sequence's generators (sampled drafts only).
+    pub seed: u32,
 }
 
 /// What the engine holds for one sequence (for hosts and tests to check).

@@ -3,6 +3,7 @@
 //! batch held until the host says how many were accepted.
 
 use super::row_queue::RowQueue;
+use super::sampled::{SampledDraft, SeqRng};
 use crate::positions::{KvEdit, SeqMap, TargetRange};
 
 /// The last draft handed to the host, not yet accepted.
@@ -14,6 +15,8 @@ pub struct Outstanding {
     /// Target position of the newest committed row when the draft was made:
     /// the verify rows (anchor first) come after it.
     pub after_target: Option<i32>,
+    /// A sampled draft's q and verification progress (None: greedy).
+    pub sampled: Option<SampledDraft>,
 }
 
 pub struct Sequence {
@@ -23,6 +26,9 @@ pub struct Sequence {
     /// Verify rows of the outstanding draft.
     pub held: RowQueue,
     pub outstanding: Option<Outstanding>,
+    /// The generators of sampled drafts, from the first one on; dropped when
+    /// the sequence is emptied (`sampled`).
+    pub rng: Option<SeqRng>,
 }
 
 impl Sequence {
@@ -32,6 +38,7 @@ impl Sequence {
             queued: RowQueue::new(n_feat),
             held: RowQueue::new(n_feat),
             outstanding: None,
+            rng: None,
         }
     }
 
@@ -93,6 +100,10 @@ impl Sequence {
         if anchor.is_some_and(|a| range.p0 <= a && range.p1 == i32::MAX) {
             self.held.clear();
             self.outstanding = None;
+        }
+        // an emptied sequence starts over: its next sampled draft reseeds
+        if self.outstanding.is_none() && self.map.in_kv().is_empty() && self.queued.is_empty() && self.held.is_empty() {
+            self.rng = None;
         }
         edits
     }

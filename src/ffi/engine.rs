@@ -34,10 +34,11 @@ pub struct llama_spec_dflash2_row {
     pub embd: bool,
 }
 
-/// One sequence's part of a draft call.
+/// One sequence's part of a draft call. Zero-initialized sampling fields (a
+/// `{ seq_id, id_last, n_max }` initializer) draft greedily, as API version 2 did.
 #[allow(non_camel_case_types)]
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct llama_spec_dflash2_draft_request {
     pub seq_id: i32,
     /// The token the host sampled last: it anchors the block. The target has not
@@ -45,6 +46,31 @@ pub struct llama_spec_dflash2_draft_request {
     pub id_last: i32,
     /// Most tokens to draft for this sequence (> 0); capped at the engine's n_max.
     pub n_max: i32,
+    /// The host's sampling temperature for this sequence (finite, >= 0).
+    /// 0: the greedy chain, bit for bit the drafts of a greedy engine (the
+    /// fields below are ignored). > 0: a sampled draft: each token is drawn from
+    /// the lattice distribution q = softmax(S[previous pick] / draft_temperature)
+    /// over the drafter's top_k candidates of its position, and q is kept for
+    /// lossless verification (llama_spec_dflash2_draft_q,
+    /// llama_spec_dflash2_verify_sampled[_step]). p_min cuts on the row's
+    /// temperature-1 softmax at its best candidate, known before the token is
+    /// drawn; n_min does not apply to sampled drafts (dropping a short sampled
+    /// draft would bias the output).
+    pub temperature: f32,
+    /// Temperature of the draft walk when temperature > 0: < 0 or 0 (unset) =
+    /// temperature; > 0 = this value (a lower one can raise acceptance when the
+    /// host's chain truncates p with top-k/top-p/min-p). Whatever it is, the
+    /// verified output is the target's. NaN and infinities are refused.
+    pub draft_temperature: f32,
+    /// Seed of the sequence's two generators (the draft walk's and the
+    /// verifier's, independent streams of (seed, seq_id)), used as given
+    /// (resolve llama.cpp's LLAMA_DEFAULT_SEED to a number first). They are
+    /// seeded by the first sampled draft of the sequence after it was created
+    /// or emptied (seq_clear, a seq_rm of all its rows, state_set, being the
+    /// destination of seq_cp), and reseeded by a sampled draft whose seed
+    /// differs from theirs; otherwise they carry on across steps. So the same
+    /// seed and the same calls give the same drafts and the same verified output.
+    pub seed: u32,
 }
 
 /// Creates a DFlash2 engine for the host's target context: checks the drafter
@@ -146,8 +172,11 @@ pub unsafe extern "C" fn llama_spec_dflash2_process_batch(spec: *mut llama_spec_
 /// `tokens` (room for `n_tokens_max`) receives the drafts concatenated in
 /// request order; `n_drafted` (room for `n_requests`) the length of each
 /// request's draft: 0 when the walk stopped before its first token, or below
-/// n_min. `n_tokens_max` must hold the sum of the requests' n_max (capped at
-/// the engine's n_max), else _BUFFER_TOO_SMALL and nothing changes.
+/// n_min (greedy requests). `n_tokens_max` must hold the sum of the requests'
+/// n_max (capped at the engine's n_max), else _BUFFER_TOO_SMALL and nothing
+/// changes. A request with temperature > 0 drafts by sampling (see
+/// llama_spec_dflash2_draft_request); a bad temperature, draft_temperature or
+/// id_last is _INVALID_ARGUMENT, found before anything changes.
 ///
 /// Every requested sequence then has a draft awaiting accept(); the rows the
 /// host decodes for it next (the verify batch: id_last, then the draft) are held
@@ -175,8 +204,17 @@ pub unsafe extern "C" fn llama_spec_dflash2_draft(
         let reqs = slice(requests, n_requests, "requests")?;
         let tokens = slice_mut(tokens, count(n_tokens_max, "tokens")?, "tokens")?;
         let n_drafted = slice_mut(n_drafted, n_requests, "n_drafted")?;
-        let reqs: Vec<Request> =
-            reqs.iter().map(|r| Request { seq: r.seq_id, id_last: r.id_last, n_max: r.n_max }).collect();
+        let reqs: Vec<Request> = reqs
+            .iter()
+            .map(|r| Request {
+                seq: r.seq_id,
+                id_last: r.id_last,
+                n_max: r.n_max,
+                temperature: r.temperature,
+                draft_temperature: r.draft_temperature,
+                seed: r.seed,
+            })
+            .collect();
         e.draft(&reqs, tokens, n_drafted)
     })
 }
@@ -188,6 +226,9 @@ pub unsafe extern "C" fn llama_spec_dflash2_draft(
 /// (llama_memory_seq_rm(mem, seq_id, n_past + n_accepted + 1, -1)); repeating
 /// that seq_rm on the engine afterwards is harmless. A draft of 0 tokens held
 /// no rows: accept(seq_id, 0) closes it, and skipping it is allowed too.
+/// After llama_spec_dflash2_verify_sampled_step, n_accepted must be the number
+/// of positions it accepted (_INVALID_ARGUMENT otherwise), and accept() in the
+/// middle of that verification is _INVALID_STATE.
 /// Returns 0, or _INVALID_STATE (no draft, or the verify rows were not passed to
 /// process()) / _INVALID_ARGUMENT (n_accepted out of range) / _UNKNOWN_SEQUENCE.
 #[unsafe(no_mangle)]

@@ -13,7 +13,10 @@ use crate::params::llama_spec_dflash2_params;
 /// 2: llama_spec_dflash2_stats gained n_verify_steps and tau; a skipped
 /// accept() is an error; llama_spec_dflash2_verify_greedy and
 /// llama_spec_dflash2_estimate_memory.
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 2;
+/// 3: llama_spec_dflash2_draft_request gained temperature, draft_temperature
+/// and seed (sampled drafts; zero = greedy as before, but the struct is larger);
+/// llama_spec_dflash2_top_k, _draft_q, _verify_sampled_step, _verify_sampled.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 3;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

@@ -15,13 +15,15 @@
 mod boundary;
 mod log;
 
-// In the order of dflash2.h: the library, drafter files, the engine, its
-// sequences, its statistics.
+// In the order of dflash2.h: the library, drafter files, the engine, sampled
+// drafts, its sequences, its statistics.
 mod library;
 
 mod checkpoint;
 
 mod engine;
+
+mod sampling;
 
 mod sequence;
 
@@ -30,6 +32,7 @@ mod stats;
 pub use checkpoint::*;
 pub use engine::*;
 pub use library::*;
+pub use sampling::*;
 pub use sequence::*;
 pub use stats::*;
 

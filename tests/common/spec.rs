@@ -152,7 +152,12 @@ pub fn generate(target: &mut Target, spec: &Spec, streams: &mut [Stream], n_gen:
         steps += 1;
         let reqs: Vec<llama_spec_dflash2_draft_request> = active
             .iter()
-            .map(|&i| llama_spec_dflash2_draft_request { seq_id: streams[i].seq, id_last: streams[i].id_last, n_max })
+            .map(|&i| llama_spec_dflash2_draft_request {
+                seq_id: streams[i].seq,
+                id_last: streams[i].id_last,
+                n_max,
+                ..Default::default()
+            })
             .collect();
         let drafts = spec.draft(&reqs);
         let mut rows = Vec::new();
@@ -198,7 +203,12 @@ pub fn generate_verified(target: &mut Target, spec: &Spec, streams: &mut [Stream
         steps += 1;
         let reqs: Vec<llama_spec_dflash2_draft_request> = active
             .iter()
-            .map(|&i| llama_spec_dflash2_draft_request { seq_id: streams[i].seq, id_last: streams[i].id_last, n_max })
+            .map(|&i| llama_spec_dflash2_draft_request {
+                seq_id: streams[i].seq,
+                id_last: streams[i].id_last,
+                n_max,
+                ..Default::default()
+            })
             .collect();
         let drafts = spec.draft(&reqs);
         let mut rows = Vec::new();
