@@ -127,7 +127,7 @@ static std::vector<std::vector<llama_token>> speculative(dflash2::engine & eng, 
     while ((int) out[0].size() < N_GEN || (int) out[1].size() < N_GEN) {
         std::vector<dflash2::draft_request> requests;
         for (int s = 0; s < N_SEQ; ++s) {
-            requests.push_back({ s, out[s].back(), N_MAX });
+            requests.push_back(dflash2::make_request(s, out[s].back(), N_MAX));
         }
         const std::vector<std::vector<llama_token>> drafts = eng.draft(requests);
         CHECK(drafts.size() == (size_t) N_SEQ);

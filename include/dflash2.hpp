@@ -28,6 +28,21 @@ namespace dflash2 {
 using params          = llama_spec_dflash2_params;
 using row             = llama_spec_dflash2_row;
 using draft_request   = llama_spec_dflash2_draft_request;
+
+// a draft request: greedy (temperature 0, upstream's chain) unless a temperature
+// is given; a sampled draft needs the request's seed, and a draft temperature
+// below 0 means "the request's"
+inline draft_request make_request(llama_seq_id seq_id, llama_token id_last, int32_t n_max, float temperature = 0.0f,
+        uint32_t seed = 0, float draft_temperature = -1.0f) {
+    draft_request r = {};
+    r.seq_id            = seq_id;
+    r.id_last           = id_last;
+    r.n_max             = n_max;
+    r.temperature       = temperature;
+    r.draft_temperature = draft_temperature;
+    r.seed              = seed;
+    return r;
+}
 using stats           = llama_spec_dflash2_stats;
 using seq_info        = struct llama_spec_dflash2_seq_info; // the function of that name hides the plain tag
 using checkpoint_info = llama_spec_dflash2_checkpoint_info;

@@ -51,7 +51,7 @@ struct spec_dflash2 : dflash2_server_spec {
                 continue;
             }
             dp.result->clear();
-            requests.push_back({ (int32_t) seq, dp.id_last, dp.n_max });
+            requests.push_back(dflash2::make_request((int32_t) seq, dp.id_last, dp.n_max));
         }
         if (!requests.empty()) {
             try {

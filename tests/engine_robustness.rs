@@ -44,7 +44,8 @@ fn a_first_decode_of_one_token_is_seen() {
         let tok = prompt(&target)[1];
         target.decode(&[TRow { seq: 0, token: tok, pos: 0, logits: true }]);
         spec.process(&target); // asserts status 0
-        let d = spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last: tok, n_max: 3 }]);
+        let d =
+            spec.draft(&[llama_spec_dflash2_draft_request { seq_id: 0, id_last: tok, n_max: 3, ..Default::default() }]);
         assert_eq!(d.len(), 1);
         assert_lossless(&mut target, &spec);
         // the engine goes before its target context
@@ -82,7 +83,7 @@ fn absurd_counts_positions_and_shifts_are_refused_without_change() {
     let mut target = Target::new(&fx.target, 1, 512, 512);
     let spec = Spec::new(&target, &fx.drafter, default_params(1));
     let p = prompt(&target);
-    let req = llama_spec_dflash2_draft_request { seq_id: 0, id_last: p[0], n_max: 3 };
+    let req = llama_spec_dflash2_draft_request { seq_id: 0, id_last: p[0], n_max: 3, ..Default::default() };
     let mut tokens = [0i32; 8];
     let mut n = [0i32; 1];
     // nothing processed yet: nothing to draft from

@@ -34,7 +34,7 @@ struct drafter_dflash2 : host_drafter {
     void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) override {
         requests.clear();
         for (const auto & r : reqs) {
-            requests.push_back({ r.seq, r.id_last, r.n_max });
+            requests.push_back(dflash2::make_request(r.seq, r.id_last, r.n_max));
         }
         engine.draft(requests, out);
     }
