@@ -245,7 +245,7 @@ int main(int argc, char ** argv) {
         expect_error(LLAMA_SPEC_DFLASH2_ERR_INVALID_STATE, "dflash2 accept: ", [&] { eng.accept(0, 0); });
         expect_error(LLAMA_SPEC_DFLASH2_ERR_UNKNOWN_SEQUENCE, "dflash2 seq_rm: ", [&] { eng.seq_rm(N_SEQ, 0, -1); });
         expect_error(LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT, "dflash2 draft: ",
-                [&] { eng.draft({ { 0, want[0][0], 0 } }); });
+                [&] { eng.draft({ dflash2::make_request(0, want[0][0], 0) }); });
 
         // a sequence's state travels to another sequence through its blob
         const std::vector<uint8_t> blob = eng.state_get(0);
