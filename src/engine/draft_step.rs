@@ -13,9 +13,9 @@ use crate::sys::DraftContext;
 
 /// A request's noise block in the draft batch.
 #[derive(Clone, Copy)]
-struct Block {
+pub(super) struct Block {
     /// Index of the request.
-    request: usize,
+    pub request: usize,
     seq: i32,
     /// Draft position of the block's anchor.
     anchor: i32,
@@ -43,7 +43,7 @@ impl Engine {
     }
 
     /// Checks a draft call before anything changes.
-    fn check_requests(&self, reqs: &[Request], n_tokens: usize, n_lengths: usize) -> Result<()> {
+    pub(super) fn check_requests(&self, reqs: &[Request], n_tokens: usize, n_lengths: usize) -> Result<()> {
         let mut seen = vec![false; self.seqs.len()];
         for r in reqs {
             let s = self.seq_index(r.seq)?;
@@ -67,8 +67,9 @@ impl Engine {
             if let Some(n) = self.seqs[r.seq as usize].outstanding.as_ref().map(|o| o.tokens.len()).filter(|&n| n > 0) {
                 return Err(Error::invalid_state(format!(
                     "sequence {}: the previous draft ({n} tokens) was never accepted; call \
-                     llama_spec_dflash2_accept() after verifying it (or llama_spec_dflash2_seq_clear() to drop it)",
-                    r.seq
+                     llama_spec_dflash2_{}() after verifying it (or llama_spec_dflash2_seq_clear() to drop it)",
+                    r.seq,
+                    if self.seqs[r.seq as usize].tree().is_some() { "accept_tree" } else { "accept" }
                 )));
             }
         }
@@ -108,6 +109,7 @@ impl Engine {
                 tokens: d.iter().map(|p| p.token).collect(),
                 confidences: d.iter().map(|p| p.confidence).collect(),
                 after_target: seq.last_target_pos(),
+                tree: None,
             });
             self.stats.record_draft(d.len());
         }
@@ -119,7 +121,7 @@ impl Engine {
 
     /// Puts [id_last, mask, mask, ...] of `width` rows for every request whose
     /// sequence has room into the draft batch, in sequence order.
-    fn fill_noise_batch(&mut self, reqs: &[Request], width: usize) -> Result<Vec<Block>> {
+    pub(super) fn fill_noise_batch(&mut self, reqs: &[Request], width: usize) -> Result<Vec<Block>> {
         let mut order: Vec<usize> = (0..reqs.len()).collect();
         order.sort_by_key(|&i| reqs[i].seq);
         let n_ctx_seq = self.ctx.n_ctx_seq() as i32;
@@ -141,14 +143,39 @@ impl Engine {
         Ok(blocks)
     }
 
-    /// Decodes the noise blocks and walks each block's lattice; the blocks
-    /// leave the draft KV before this returns, whatever happens.
+    /// Decodes the noise blocks and walks each block's lattice with the greedy
+    /// chain walk (then the adaptive walk's cut).
     fn decode_and_walk(&mut self, reqs: &[Request], blocks: Vec<Block>, width: usize) -> Result<Vec<Vec<Pick>>> {
         let mut drafts: Vec<Vec<Pick>> = vec![Vec::new(); reqs.len()];
-        if blocks.is_empty() {
-            return Ok(drafts);
-        }
+        let decoded: Vec<usize> = blocks.iter().map(|b| b.request).collect();
         let caps: Vec<usize> = reqs.iter().map(|r| self.request_cap(r)).collect();
+        let (n_min, p_min, n_vocab) = (self.limits.n_min, self.limits.p_min, self.n_vocab);
+        self.decode_noise(blocks, width, |block, lattice| {
+            let limits = WalkLimits { n_max: caps[block.request], n_min, p_min };
+            drafts[block.request] = greedy_walk_scored(lattice, limits, n_vocab);
+        })?;
+        if let Some(policy) = self.policy.as_mut() {
+            for i in decoded {
+                let confidences: Vec<f32> = drafts[i].iter().map(|p| p.confidence).collect();
+                drafts[i].truncate(policy.keep(&confidences));
+            }
+        }
+        Ok(drafts)
+    }
+
+    /// The one noise-block decode of a draft call, shared by the chain and the
+    /// tree: decodes the blocks (`width` rows each, from `fill_noise_batch`)
+    /// and hands each block's lattice to `walk`. The blocks leave the draft KV
+    /// before this returns, whatever happens.
+    pub(super) fn decode_noise(
+        &mut self,
+        blocks: Vec<Block>,
+        width: usize,
+        mut walk: impl FnMut(&Block, &Lattice),
+    ) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
         let noise = NoiseBlocks { ctx: &self.ctx, blocks };
 
         let t = Instant::now();
@@ -167,15 +194,9 @@ impl Engine {
         for (b, block) in noise.blocks.iter().enumerate() {
             let lattice = Lattice::new(&lattice[b * row..(b + 1) * row], self.n_embd_draft, self.top_k)
                 .expect("the checkpoint check guarantees n_embd >= k(k+1)");
-            let limits = WalkLimits { n_max: caps[block.request], n_min: self.limits.n_min, p_min: self.limits.p_min };
-            let mut picks = greedy_walk_scored(&lattice, limits, self.n_vocab);
-            if let Some(policy) = self.policy.as_mut() {
-                let confidences: Vec<f32> = picks.iter().map(|p| p.confidence).collect();
-                picks.truncate(policy.keep(&confidences));
-            }
-            drafts[block.request] = picks;
+            walk(block, &lattice);
         }
         self.stats.t_walk_us += us_since(t);
-        Ok(drafts)
+        Ok(())
     }
 }

@@ -15,13 +15,15 @@
 mod boundary;
 mod log;
 
-// In the order of dflash2.h: the library, drafter files, the engine, its
-// sequences, its statistics.
+// In the order of dflash2.h: the library, drafter files, the engine, tree
+// drafts, its sequences, its statistics.
 mod library;
 
 mod checkpoint;
 
 mod engine;
+
+mod tree;
 
 mod sequence;
 
@@ -32,6 +34,7 @@ pub use engine::*;
 pub use library::*;
 pub use sequence::*;
 pub use stats::*;
+pub use tree::*;
 
 // The C-visible types and constants defined next to the code that uses them.
 pub use crate::error::llama_spec_dflash2_status;
