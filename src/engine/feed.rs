@@ -79,7 +79,7 @@ impl Engine {
         }
         if !self.target_decoded {
             // libllama aborts on reading captured rows before any decode
-            if self.target.evaluated_tokens() == self.evaluated_at_init {
+            if self.target.decode_marker() == self.decode_marker_at_init {
                 return Err(Error::invalid_state(
                     "process() before the target decoded anything since the engine was created",
                 ));

@@ -96,7 +96,7 @@ pub struct Engine {
     skip_image_rows: bool,
     seqs: Vec<Sequence>,
     fingerprint: u64,
-    evaluated_at_init: u64,
+    decode_marker_at_init: u64,
     target_decoded: bool,
     stats: Stats,
     scratch: Vec<f32>,
@@ -118,7 +118,7 @@ impl Engine {
         for &lid in &taps {
             target.set_layer_capture(lid, true);
         }
-        let evaluated_at_init = target.evaluated_tokens();
+        let decode_marker_at_init = target.decode_marker();
         let can_shift = s.ctx.can_shift();
         log::info(&format!(
             "drafter '{}': block {} (n_max {}), top-k {}, taps {:?}, {} sequence(s)",
@@ -146,7 +146,7 @@ impl Engine {
             taps,
             n_embd_tgt,
             fingerprint: s.ckpt.fingerprint(),
-            evaluated_at_init,
+            decode_marker_at_init,
             target_decoded: false,
             _claim: claim,
             stats: Stats::default(),

@@ -321,21 +321,7 @@ impl Engine {
             )));
         }
         debug_assert_eq!(p_rows.len(), n_rows * n_vocab);
-        let n_held = self.seqs[s].held.len();
-        if n_drafted > 0 && n_held < n_drafted + 1 {
-            return Err(Error::invalid_state(format!(
-                "verify_sampled of sequence {seq}: process() received {n_held} of the draft's {} verify rows; \
-                 pass the decoded verify batch to llama_spec_dflash2_process() first",
-                n_drafted + 1
-            )));
-        }
-        if out.len() < n_drafted + 1 {
-            return Err(Error::buffer_too_small(format!(
-                "verify_sampled of sequence {seq} may emit {} tokens, the output holds {}",
-                n_drafted + 1,
-                out.len()
-            )));
-        }
+        self.check_verify_rows(s, seq, "verify_sampled", n_drafted, out.len())?;
         let qs: Vec<Dist> = sd.picks.iter().map(SampledPick::q).collect();
         let ps: Vec<Dist> = p_rows.chunks_exact(n_vocab).map(Dist::Dense).collect();
         let mut rng = self.verify_rng(s, seq)?;

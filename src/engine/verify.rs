@@ -16,6 +16,34 @@ fn argmax(logits: &[f32]) -> i32 {
 }
 
 impl Engine {
+    /// What every verify helper needs before it reads anything: the draft's
+    /// verify rows reached process(), and `out_len` holds what may be emitted
+    /// (the draft + 1). `what` names the call in the messages.
+    pub(super) fn check_verify_rows(
+        &self,
+        s: usize,
+        seq: i32,
+        what: &str,
+        n_drafted: usize,
+        out_len: usize,
+    ) -> Result<()> {
+        let n_held = self.seqs[s].held.len();
+        if n_drafted > 0 && n_held < n_drafted + 1 {
+            return Err(Error::invalid_state(format!(
+                "{what} of sequence {seq}: process() received {n_held} of the draft's {} verify rows; \
+                 pass the decoded verify batch to llama_spec_dflash2_process() first",
+                n_drafted + 1
+            )));
+        }
+        if out_len < n_drafted + 1 {
+            return Err(Error::buffer_too_small(format!(
+                "{what} of sequence {seq} may emit {} tokens, the output holds {out_len}",
+                n_drafted + 1
+            )));
+        }
+        Ok(())
+    }
+
     /// Verifies the outstanding draft of `seq` greedily against the logits
     /// of the target's last decode at rows `i_batch` (the anchor's row, then
     /// one per drafted token) and accepts the matching prefix. Writes the
@@ -35,21 +63,7 @@ impl Engine {
                 n_drafted + 1
             )));
         }
-        let n_held = self.seqs[s].held.len();
-        if n_drafted > 0 && n_held < n_drafted + 1 {
-            return Err(Error::invalid_state(format!(
-                "verify of sequence {seq}: process() received {n_held} of the draft's {} verify rows; \
-                 pass the decoded verify batch to llama_spec_dflash2_process() first",
-                n_drafted + 1
-            )));
-        }
-        if out.len() < n_drafted + 1 {
-            return Err(Error::buffer_too_small(format!(
-                "verify of sequence {seq} may emit {} tokens, the output holds {}",
-                n_drafted + 1,
-                out.len()
-            )));
-        }
+        self.check_verify_rows(s, seq, "verify", n_drafted, out.len())?;
         let n_batch = self.target.n_batch() as i32;
         if let Some(&bad) = i_batch.iter().find(|&&i| i < 0 || i >= n_batch) {
             return Err(Error::invalid(format!("row index {bad} is outside the target's batch (n_batch {n_batch})")));

@@ -107,7 +107,7 @@ impl TargetContext {
     /// them as they were; the marker also folds in the eval times (unless the
     /// context has no_perf), the load time (set on a context's very first
     /// decode, no_perf or not) and every sequence's highest KV position.
-    pub fn evaluated_tokens(&self) -> u64 {
+    pub fn decode_marker(&self) -> u64 {
         // SAFETY: live context; memory queries on ids below n_seq_max.
         unsafe {
             llama_synchronize(self.ctx.as_ptr());

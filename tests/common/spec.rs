@@ -140,60 +140,37 @@ pub fn prefill(target: &mut Target, spec: &Spec, prompts: &[Vec<i32>]) -> Vec<St
         .collect()
 }
 
+/// Who verifies the drafts in `generate_by`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Verifier {
+    /// The host: its own argmax, then accept() and seq_rm() on the engine.
+    Host,
+    /// llama_spec_dflash2_verify_greedy (which accepts).
+    Library,
+}
+
 /// Runs speculative steps until every stream has `n_gen` tokens. Returns the
 /// number of verify steps.
 pub fn generate(target: &mut Target, spec: &Spec, streams: &mut [Stream], n_gen: usize, n_max: i32) -> usize {
-    let mut steps = 0;
-    loop {
-        let active: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].out.len() < n_gen).collect();
-        if active.is_empty() {
-            return steps;
-        }
-        steps += 1;
-        let reqs: Vec<llama_spec_dflash2_draft_request> = active
-            .iter()
-            .map(|&i| llama_spec_dflash2_draft_request {
-                seq_id: streams[i].seq,
-                id_last: streams[i].id_last,
-                n_max,
-                ..Default::default()
-            })
-            .collect();
-        let drafts = spec.draft(&reqs);
-        let mut rows = Vec::new();
-        for (k, &i) in active.iter().enumerate() {
-            let s = &streams[i];
-            rows.push(TRow { seq: s.seq, token: s.id_last, pos: s.n_past, logits: true });
-            for (j, &t) in drafts[k].iter().enumerate() {
-                rows.push(TRow { seq: s.seq, token: t, pos: s.n_past + 1 + j as i32, logits: true });
-            }
-        }
-        let verdicts = target.decode(&rows);
-        spec.process(target);
-        let mut at = 0;
-        for (k, &i) in active.iter().enumerate() {
-            let d = &drafts[k];
-            let v = &verdicts[at..at + d.len() + 1];
-            at += d.len() + 1;
-            let mut n_acc = 0;
-            while n_acc < d.len() && d[n_acc] == v[n_acc] {
-                n_acc += 1;
-            }
-            let s = &mut streams[i];
-            s.out.extend_from_slice(&v[..=n_acc]);
-            spec.accept(s.seq, n_acc as i32);
-            let keep = s.n_past + n_acc as i32 + 1;
-            target.seq_rm(s.seq, keep, -1);
-            spec.seq_rm(s.seq, keep, -1);
-            s.n_past = keep;
-            s.id_last = v[n_acc];
-        }
-    }
+    generate_by(Verifier::Host, target, spec, streams, n_gen, n_max)
 }
 
 /// `generate` with the verification done by llama_spec_dflash2_verify_greedy
 /// instead of the host's own argmax. Returns the number of verify steps.
 pub fn generate_verified(target: &mut Target, spec: &Spec, streams: &mut [Stream], n_gen: usize, n_max: i32) -> usize {
+    generate_by(Verifier::Library, target, spec, streams, n_gen, n_max)
+}
+
+/// One draft call for every active stream, one target batch verifying all
+/// drafts, then each stream verified by `verifier`.
+pub fn generate_by(
+    verifier: Verifier,
+    target: &mut Target,
+    spec: &Spec,
+    streams: &mut [Stream],
+    n_gen: usize,
+    n_max: i32,
+) -> usize {
     let mut steps = 0;
     loop {
         let active: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].out.len() < n_gen).collect();
@@ -215,18 +192,30 @@ pub fn generate_verified(target: &mut Target, spec: &Spec, streams: &mut [Stream
         let mut first = Vec::new();
         for (k, &i) in active.iter().enumerate() {
             let s = &streams[i];
-            first.push(rows.len() as i32);
+            first.push(rows.len());
             rows.push(TRow { seq: s.seq, token: s.id_last, pos: s.n_past, logits: true });
             for (j, &t) in drafts[k].iter().enumerate() {
                 rows.push(TRow { seq: s.seq, token: t, pos: s.n_past + 1 + j as i32, logits: true });
             }
         }
-        target.decode(&rows);
+        let verdicts = target.decode(&rows);
         spec.process(target);
         for (k, &i) in active.iter().enumerate() {
-            let i_batch: Vec<i32> = (0..=drafts[k].len() as i32).map(|j| first[k] + j).collect();
+            let d = &drafts[k];
             let s = &mut streams[i];
-            let emitted = spec.verify_greedy(s.seq, &i_batch);
+            let emitted = match verifier {
+                Verifier::Host => {
+                    let v = &verdicts[first[k]..first[k] + d.len() + 1];
+                    let n_acc = d.iter().zip(v).take_while(|(t, want)| t == want).count();
+                    spec.accept(s.seq, n_acc as i32);
+                    spec.seq_rm(s.seq, s.n_past + n_acc as i32 + 1, -1);
+                    v[..=n_acc].to_vec()
+                }
+                Verifier::Library => {
+                    let i_batch: Vec<i32> = (0..=d.len()).map(|j| (first[k] + j) as i32).collect();
+                    spec.verify_greedy(s.seq, &i_batch)
+                }
+            };
             s.out.extend_from_slice(&emitted);
             s.n_past += emitted.len() as i32;
             target.seq_rm(s.seq, s.n_past, -1);
