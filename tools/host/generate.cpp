@@ -1,83 +1,23 @@
 #include "host.h"
+#include "stream.h"
 
 #include <algorithm>
 
 namespace {
 
-struct stream {
-    llama_seq_id             seq;
-    size_t                   i_prompt;
-    std::vector<llama_token> history; // prompt, then generated
-    std::vector<llama_token> out;
-    llama_pos                n_past  = 0;
-    llama_token              id_last = 0;
-    bool                     done    = false;
-};
-
-// appends `emitted` to the stream, stopping at the end of generation
-void emit(const host_target & tgt, stream & s, const std::vector<llama_token> & emitted) {
-    for (llama_token id : emitted) {
-        if (s.done) {
-            break;
-        }
-        s.out.push_back(id);
-        s.history.push_back(id);
-        if (tgt.is_eog(id) || (int32_t) s.out.size() >= tgt.params.n_predict) {
-            s.done = true;
-        }
-    }
-}
-
-// decodes the prompts of a wave, n_batch rows per decode, each sequence's rows contiguous
-void prefill(host_target & tgt, host_drafter * drafter, std::vector<stream> & streams, host_stats & stats) {
-    common_batch batch(tgt.ctx);
-    std::vector<std::pair<size_t, int32_t>> last_rows; // stream, batch index of its last prompt row
-    const int64_t t_start = host_time_us();
-    auto flush = [&]() {
-        if (batch.size() == 0) {
-            return;
-        }
-        tgt.decode(batch);
-        if (drafter) {
-            drafter->process(batch);
-        }
-        for (auto [i, row] : last_rows) {
-            streams[i].id_last = tgt.argmax(row);
-        }
-        batch.clear();
-        last_rows.clear();
-    };
-    for (size_t i = 0; i < streams.size(); ++i) {
-        const auto & prompt = streams[i].history;
-        for (size_t p = 0; p < prompt.size(); ++p) {
-            if (batch.size() == tgt.params.n_batch) {
-                flush();
-            }
-            const bool last = p + 1 == prompt.size();
-            const int32_t idx = batch.add(prompt[p], (llama_pos) p, streams[i].seq, last);
-            if (last) {
-                last_rows.push_back({ i, idx });
-            }
-        }
-        streams[i].n_past = (llama_pos) prompt.size();
-    }
-    flush();
-    stats.t_prefill_us += host_time_us() - t_start;
-}
-
-void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & streams, host_stats & stats) {
+void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
     llama_memory_seq_rm(llama_get_memory(tgt.ctx), -1, -1, -1);
     if (drafter) {
         drafter->seq_rm(-1, -1, -1);
     }
-    prefill(tgt, drafter, streams, stats);
+    host_prefill(tgt, drafter, streams, stats);
     if (drafter) {
         drafter->reset_stats();
     }
 
     const int64_t t_start = host_time_us();
     for (auto & s : streams) {
-        emit(tgt, s, { s.id_last });
+        host_emit(tgt, s, { s.id_last });
     }
 
     common_batch batch(tgt.ctx);
@@ -97,7 +37,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
         if (drafter) {
             std::vector<draft_request> reqs;
             for (size_t i : active) {
-                const stream & s = streams[i];
+                const host_stream & s = streams[i];
                 const int32_t left = tgt.params.n_predict - (int32_t) s.out.size();
                 reqs.push_back({ s.seq, s.id_last, s.n_past, std::min(tgt.params.n_max, std::max(left, 1)), &s.history });
             }
@@ -109,7 +49,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
         batch.clear();
         std::vector<int32_t> first_row(active.size());
         for (size_t k = 0; k < active.size(); ++k) {
-            const stream & s = streams[active[k]];
+            const host_stream & s = streams[active[k]];
             first_row[k] = batch.add(s.id_last, s.n_past, s.seq, true);
             for (size_t j = 0; j < drafts[k].size(); ++j) {
                 batch.add(drafts[k][j], s.n_past + 1 + (llama_pos) j, s.seq, true);
@@ -125,7 +65,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
         }
 
         for (size_t k = 0; k < active.size(); ++k) {
-            stream & s = streams[active[k]];
+            host_stream & s = streams[active[k]];
             const auto & d = drafts[k];
             std::vector<llama_token> verdicts;
             size_t n_acc = 0;
@@ -151,7 +91,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
             }
             s.n_past  = keep;
             s.id_last = verdicts.back();
-            emit(tgt, s, verdicts);
+            host_emit(tgt, s, verdicts);
         }
     }
     stats.t_total_us += host_time_us() - t_start;
@@ -167,14 +107,7 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
     gen.tokens.resize(prompts.size());
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
-        std::vector<stream> streams;
-        for (size_t i = first; i < std::min(prompts.size(), first + n_seq); ++i) {
-            stream s;
-            s.seq      = (llama_seq_id) (i - first);
-            s.i_prompt = i;
-            s.history  = prompts[i];
-            streams.push_back(std::move(s));
-        }
+        std::vector<host_stream> streams = host_wave(prompts, first, n_seq);
         run_wave(tgt, drafter, streams, gen.stats);
         for (auto & s : streams) {
             gen.stats.n_generated += (int64_t) s.out.size();
