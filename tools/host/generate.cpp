@@ -48,6 +48,13 @@ void prefill(host_target & tgt, host_drafter * drafter, std::vector<stream> & st
         last_rows.clear();
     };
     for (size_t i = 0; i < streams.size(); ++i) {
+        if (tgt.prompt_decoder) {
+            flush(); // rows in the order of the prompts
+            auto & s = streams[i];
+            if (tgt.prompt_decoder->decode(tgt, drafter, s.i_prompt, s.seq, s.n_past, s.id_last)) {
+                continue;
+            }
+        }
         const auto & prompt = streams[i].history;
         for (size_t p = 0; p < prompt.size(); ++p) {
             if (batch.size() == tgt.params.n_batch) {
@@ -66,7 +73,9 @@ void prefill(host_target & tgt, host_drafter * drafter, std::vector<stream> & st
 }
 
 void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & streams, host_stats & stats) {
-    llama_memory_seq_rm(llama_get_memory(tgt.ctx), -1, -1, -1);
+    // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
+    // on recurrent memory (hybrid targets), with an error in the log
+    llama_memory_clear(llama_get_memory(tgt.ctx), true);
     if (drafter) {
         drafter->seq_rm(-1, -1, -1);
     }
