@@ -7,15 +7,24 @@
 #   scripts/demo.sh                 the trained drafter ../shared/models/smollm2-135m-dflash2.gguf
 #                                   (a generated random-weight one when that file is absent)
 #   scripts/demo.sh --draft FILE --upstream
+#   scripts/demo.sh --target T --draft D --mmproj P --image FILE
+#                                   the image before the first prompt's text (libmtmd, built
+#                                   with scripts/server.sh build on the first such run)
 #
 # Options are dflash2-demo's: --draft --prompt --prompts --n-predict --n-max --np
-# --threads --upstream (also run llama.cpp's own draft-dflash).
+# --threads --upstream (also run llama.cpp's own draft-dflash) --image --mmproj.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 out="$root/target/demo"
 mkdir -p "$out"
 
+for a in "$@"; do
+    # image prompts need libmtmd, which the patched server build makes
+    if [ "$a" = "--image" ] && [ ! -f "$root/target/server/lib/libmtmd.so" ]; then
+        scripts/server.sh build >/dev/null
+    fi
+done
 tools=$(scripts/build-tools.sh "$out")
 target=$(scripts/fetch-models.sh smollm2)
 

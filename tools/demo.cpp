@@ -2,6 +2,9 @@
 // its statistics, next to the same generation by the target alone.
 #include "args.h"
 #include "host.h"
+#ifdef HOST_WITH_MTMD
+#include "vision.h"
+#endif
 
 #include <cstdio>
 #include <stdexcept>
@@ -54,6 +57,23 @@ int main(int argc, char ** argv) {
         host_init_backend();
         host_target tgt(args.params);
         const auto prompts = host_tokenize_chats(tgt, args.prompts);
+#ifdef HOST_WITH_MTMD
+        std::unique_ptr<host_image_prompt_decoder> image;
+#endif
+        if (!args.params.path_image.empty()) {
+            if (with_upstream) {
+                throw std::runtime_error("--image with --upstream: llama.cpp's draft-dflash takes no image rows");
+            }
+#ifdef HOST_WITH_MTMD
+            image = make_image_prompt_decoder(tgt, args.prompts[0]);
+            tgt.prompt_decoder = image.get();
+            printf("image   %s (projector %s) before prompt 0\n", args.params.path_image.c_str(),
+                    args.params.path_mmproj.c_str());
+#else
+            throw std::runtime_error("--image: these tools were built without libmtmd "
+                                     "(scripts/server.sh build, then rebuild them)");
+#endif
+        }
 
         printf("target  %s\ndrafter %s\nn_max %d, %zu prompt(s), %d token(s) each, %d thread(s)\n\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), args.params.n_max, prompts.size(),
@@ -95,6 +115,12 @@ int main(int argc, char ** argv) {
         printf("\n  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
                 s.t_target_us / 1e3, s.t_drafter_us() / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
         print_verdict(ar.stats, s);
+#ifdef HOST_WITH_MTMD
+        if (image) {
+            printf("  image: %zu image(s) decoded, %zu image rows each before prompt 0's text; every draft above "
+                   "came after them\n", image->n_images, image->n_images ? image->n_image_rows / image->n_images : 0);
+        }
+#endif
         return identical == (int) prompts.size() ? 0 : 1;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n", e.what(),

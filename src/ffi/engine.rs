@@ -186,6 +186,25 @@ pub unsafe extern "C" fn llama_spec_dflash2_process_batch(spec: *mut llama_spec_
 /// of one token or more was never accepted is refused with _INVALID_STATE, and
 /// nothing changes: call llama_spec_dflash2_accept (or seq_clear / a seq_rm
 /// from the draft's anchor on, which drop the draft).
+///
+/// Recurrent and hybrid targets (qwen35, qwen3next, mamba, ...) roll back
+/// through recurrent-state snapshots: a context created with
+/// `llama_context_params.n_rs_seq` = D rolls a sequence back by at most D rows
+/// after a decode, once (llama_memory_seq_rm returns false beyond that, and
+/// with D = 0), and the pinned libllama wrongly accepts rolling back every row
+/// the sequence had in its last decode, then goes on from a stale state. So
+/// the host keeps each rollback at most D rows and short of its last decode:
+/// it asks for drafts of at most D tokens (request n_max), or verifies a
+/// longer draft in chunks of at most D + 1 rows where each chunk after the
+/// first starts with a drafted token the previous chunk's last row already
+/// accepted (and stops at the first rejection), or restores a state it saved
+/// before the verify batch (llama-server's checkpoints). dflash2 does not
+/// touch the target's memory and does not cap drafts for it: it takes the
+/// verify rows through any number of process() calls before accept(), keeps
+/// rejected rows out of the draft KV, and its seq_rm / seq_cp / state calls
+/// mirror the host's. A target seq_cp of a sequence with a pending rollback
+/// copies the state before that rollback (pinned libllama); copy such a
+/// sequence with llama_state_seq_get_data / _set_data instead.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_draft(
     spec: *mut llama_spec_dflash2,

@@ -45,7 +45,9 @@ const char * host_args_usage() {
            "  --threads N       CPU threads (default 2)\n"
            "  --ctx-size N      target context (default 4096)\n"
            "  --prompt TEXT     a user message (repeatable)\n"
-           "  --prompts FILE    user messages, one per line\n";
+           "  --prompts FILE    user messages, one per line\n"
+           "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
+           "  --mmproj FILE     the target's multimodal projector GGUF\n";
 }
 
 host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags) {
@@ -72,6 +74,10 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.n_threads = to_int(flag, value(), 1);
         } else if (flag == "--ctx-size") {
             a.params.n_ctx = to_int(flag, value(), 256);
+        } else if (flag == "--mmproj") {
+            a.params.path_mmproj = value();
+        } else if (flag == "--image") {
+            a.params.path_image = value();
         } else if (flag == "--prompt") {
             a.prompts.push_back(value());
         } else if (flag == "--prompts") {
@@ -90,6 +96,9 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
     a.params.n_seq = *std::max_element(a.np_list.begin(), a.np_list.end());
     if (a.params.path_target.empty() || a.params.path_draft.empty()) {
         throw std::runtime_error("--target and --draft are required");
+    }
+    if (a.params.path_image.empty() != a.params.path_mmproj.empty()) {
+        throw std::runtime_error("--image and --mmproj go together");
     }
     return a;
 }

@@ -92,7 +92,7 @@ struct tree_step {
 void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
         std::vector<host_stream> & streams, host_stats & stats) {
     llama_memory_t mem = llama_get_memory(tgt.ctx);
-    llama_memory_seq_rm(mem, -1, -1, -1);
+    llama_memory_clear(mem, true);
     engine.seq_rm(-1, -1, -1);
     prefill_drafter prefill(engine);
     host_prefill(tgt, &prefill, streams, stats);

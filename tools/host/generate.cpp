@@ -6,7 +6,9 @@
 namespace {
 
 void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
-    llama_memory_seq_rm(llama_get_memory(tgt.ctx), -1, -1, -1);
+    // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
+    // on recurrent memory (hybrid targets), with an error in the log
+    llama_memory_clear(llama_get_memory(tgt.ctx), true);
     if (drafter) {
         drafter->seq_rm(-1, -1, -1);
     }

@@ -23,6 +23,9 @@ struct host_params {
     int32_t n_seq     = 1;   // sequences decoded in parallel
     int32_t n_max     = 7;   // most tokens per draft
     int32_t n_predict = 128; // tokens generated per sequence (fewer when it ends)
+
+    std::string path_mmproj; // multimodal projector (--mmproj), for --image
+    std::string path_image;  // an image put before the first prompt's text (--image)
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
@@ -56,12 +59,27 @@ struct host_stats {
 };
 
 // the target model and one context on it
+struct host_drafter;
+
+// decodes a prompt the host cannot decode as plain tokens (one with an image):
+// its rows go to the target and, after each decode, to the drafter
+struct host_prompt_decoder {
+    virtual ~host_prompt_decoder() = default;
+
+    // false: prompt i_prompt is plain tokens. true: decoded for sequence seq;
+    // n_past receives the position after it, id_last the target's first token
+    virtual bool decode(struct host_target & tgt, host_drafter * drafter, size_t i_prompt, llama_seq_id seq,
+            llama_pos & n_past, llama_token & id_last) = 0;
+};
+
 struct host_target {
     llama_model       * model = nullptr;
     llama_context     * ctx   = nullptr;
     const llama_vocab * vocab = nullptr;
     int32_t             n_vocab = 0;
     host_params         params;
+
+    host_prompt_decoder * prompt_decoder = nullptr; // not owned; NULL: every prompt is plain tokens
 
     explicit host_target(const host_params & params);
     ~host_target();
@@ -71,6 +89,7 @@ struct host_target {
     // KV cache with that many sequence ids (tree verification)
     void reset_context(int32_t n_seq = 0, int32_t n_seq_ids = 0);
 
+    std::string              chat_text(const std::string & user_message) const; // the chat template applied
     std::vector<llama_token> tokenize_chat(const std::string & user_message) const;
     std::string              detokenize(const std::vector<llama_token> & tokens) const;
 

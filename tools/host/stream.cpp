@@ -46,6 +46,13 @@ void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_st
         last_rows.clear();
     };
     for (size_t i = 0; i < streams.size(); ++i) {
+        if (tgt.prompt_decoder) {
+            flush(); // rows in the order of the prompts
+            auto & s = streams[i];
+            if (tgt.prompt_decoder->decode(tgt, drafter, s.i_prompt, s.seq, s.n_past, s.id_last)) {
+                continue;
+            }
+        }
         const auto & prompt = streams[i].history;
         for (size_t p = 0; p < prompt.size(); ++p) {
             if (batch.size() == tgt.params.n_batch) {

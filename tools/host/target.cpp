@@ -64,13 +64,18 @@ void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     cparams.n_threads_batch = params.n_threads;
     cparams.kv_unified      = params.n_seq == 1 || n_seq_ids > 0;
     cparams.no_perf         = false;
+    // a recurrent or hybrid target (qwen35, ...) rolls the rejected drafts of a
+    // verify batch back through this many state snapshots; drafts never exceed n_max
+    if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
+        cparams.n_rs_seq = (uint32_t) params.n_max;
+    }
     ctx = llama_init_from_model(model, cparams);
     if (!ctx) {
         throw std::runtime_error("cannot create the target context");
     }
 }
 
-std::vector<llama_token> host_target::tokenize_chat(const std::string & user_message) const {
+std::string host_target::chat_text(const std::string & user_message) const {
     std::string text = user_message;
     const char * tmpl = llama_model_chat_template(model, nullptr);
     if (tmpl) {
@@ -85,6 +90,12 @@ std::vector<llama_token> host_target::tokenize_chat(const std::string & user_mes
             text.assign(buf.data(), n);
         }
     }
+    return text;
+}
+
+std::vector<llama_token> host_target::tokenize_chat(const std::string & user_message) const {
+    const std::string text = chat_text(user_message);
+    const char * tmpl = llama_model_chat_template(model, nullptr);
     std::vector<llama_token> tokens(text.size() + 16);
     const int32_t n = llama_tokenize(vocab, text.c_str(), (int32_t) text.size(), tokens.data(), (int32_t) tokens.size(),
             /*add_special*/ tmpl == nullptr, /*parse_special*/ true);
