@@ -663,8 +663,13 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // n_max for a 0)
 // receives the trees concatenated in request order; `n_nodes` (room for
 // `n_requests`) the node count of each. A tree whose depth is below params.n_min
-// is empty. The adaptive walk (params.walk) shapes llama_spec_dflash2_draft
-// only; trees always grow to their request.
+// is empty. With the adaptive walk (params.walk) the engine's controller
+// decides per call: no tree at all (drafting measured not to pay: every
+// n_nodes is 0), or each grown tree cut to its first k nodes, the k that
+// maximizes the expected accepted tokens (measured acceptance by depth and
+// edge probability) minus the measured cost of k more verify rows — a tree
+// whose siblings do not pay becomes its chain. With the greedy walk trees
+// always grow to their request.
 //
 // Every requested sequence then has its tree awaiting
 // llama_spec_dflash2_accept_tree (or verify_tree_greedy); an empty tree needs

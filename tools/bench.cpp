@@ -58,6 +58,12 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
     return nullptr;
 }
 
+// modes whose host verifies trees: dflash2-tree (whole trees), dflash2-auto (the
+// adaptive controller: no draft, a chain or a tree each step)
+bool is_tree(const std::string & mode) {
+    return mode == "dflash2-tree" || mode == "dflash2-auto";
+}
+
 std::vector<std::string> split(const std::string & s) {
     std::vector<std::string> out;
     std::stringstream ss(s);
@@ -147,8 +153,12 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             printf(", dflash2-tree/dflash2 %.3f (tau %.3f), dflash2-tree/ar %.3f", ratio(tr, d),
                     d && d->median().tau() > 0 ? tr->median().tau() / d->median().tau() : 0.0, ratio(tr, a));
         }
+        const mode_result * au = find(results, "dflash2-auto", np);
+        if (au) {
+            printf(", dflash2-auto/ar %.3f, dflash2-auto/dflash2 %.3f", ratio(au, a), ratio(au, d));
+        }
         printf("\n");
-        for (const auto * r : { u, d, x, tr }) {
+        for (const auto * r : { u, d, x, tr, au }) {
             if (!r) {
                 continue;
             }
@@ -225,6 +235,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ", \"dflash2_adaptive_over_ar\": " << ratio(find(results, "dflash2-adaptive", np), find(results, "ar", np))
             << ", \"dflash2_tree_over_dflash2\": " << ratio(find(results, "dflash2-tree", np), find(results, "dflash2", np))
             << ", \"dflash2_tree_over_ar\": " << ratio(find(results, "dflash2-tree", np), find(results, "ar", np))
+            << ", \"dflash2_auto_over_ar\": " << ratio(find(results, "dflash2-auto", np), find(results, "ar", np))
             << "}" << (k + 1 < nps.size() ? "," : "") << "\n";
     }
     out << "  ]\n}\n";
@@ -303,8 +314,8 @@ int main(int argc, char ** argv) {
         }
         const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
         for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && m != "dflash2-tree") {
-                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree)");
+            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m)) {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto)");
             }
         }
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
@@ -336,7 +347,7 @@ int main(int argc, char ** argv) {
             // trees verify in a unified KV cache, which at np > 1 rounds differently from the split
             // cache of the other modes: their outputs are compared with target-only on a context like theirs
             std::vector<std::vector<llama_token>> reference_tree;
-            if (std::find(modes.begin(), modes.end(), "dflash2-tree") != modes.end()) {
+            if (std::any_of(modes.begin(), modes.end(), is_tree)) {
                 tgt.reset_context(np, host_tree_seq_ids(np, n_tree));
                 reference_tree = host_generate(tgt, nullptr, prompts).tokens;
             }
@@ -348,9 +359,11 @@ int main(int argc, char ** argv) {
                 for (size_t k = 0; k < modes.size(); ++k) {
                     mode_result & r = at_np[(k + rep) % modes.size()];
                     host_generation gen;
-                    if (r.mode == "dflash2-tree") {
+                    if (is_tree(r.mode)) {
                         tgt.reset_context(np, host_tree_seq_ids(np, n_tree));
-                        gen = host_generate_tree(tgt, n_tree, n_tree, prompts);
+                        gen = host_generate_tree(tgt, n_tree, n_tree,
+                                r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
+                                prompts);
                     } else {
                         tgt.reset_context(np);
                         auto drafter = make_drafter(r.mode, tgt);
@@ -358,7 +371,7 @@ int main(int argc, char ** argv) {
                     }
                     r.runs.push_back(gen.stats);
                     for (size_t i = 0; i < prompts.size(); ++i) {
-                        const auto & want = r.mode == "dflash2-tree" ? reference_tree[i] : reference[i];
+                        const auto & want = is_tree(r.mode) ? reference_tree[i] : reference[i];
                         r.identical[i] = r.identical[i] && gen.tokens[i] == want;
                     }
                     fprintf(stderr, "np=%d rep %d %-8s %.1f tok/s\n", np, rep, r.mode.c_str(), gen.stats.tokens_per_s());
@@ -382,7 +395,7 @@ int main(int argc, char ** argv) {
         return 0;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree\n  --tree N          nodes per tree of dflash2-tree (default --n-max)\n"
+                " dflash2-tree, dflash2-auto\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
                 e.what(), host_args_usage());

@@ -99,7 +99,11 @@ impl Engine {
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
         }
-        self.flush()?;
+        if drafting {
+            // not drafting, the rows wait: process() injects them 64 at a time,
+            // far cheaper per row than a small injection decode every step
+            self.flush()?;
+        }
 
         let width = if drafting { reqs.iter().map(|r| self.request_cap(r)).max().unwrap_or(0) + 1 } else { 0 };
         let blocks = if drafting { self.fill_noise_batch(reqs, width)? } else { Vec::new() };

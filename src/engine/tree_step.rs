@@ -124,18 +124,27 @@ impl Engine {
         if reqs.is_empty() {
             return Ok(trees);
         }
+        // the controller (adaptive walk): no tree this step, or each tree cut
+        // to the nodes that pay for their verify rows
+        let drafting = self.policy.as_mut().is_none_or(|p| p.begin_step(Instant::now(), reqs.len()));
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
         }
-        self.flush()?;
+        if drafting {
+            self.flush()?;
+        }
 
         let width = limits.iter().map(|l| l.max_depth).max().unwrap_or(0) + 1;
-        let blocks = self.fill_noise_batch(&chain, width)?;
+        let blocks = if drafting { self.fill_noise_batch(&chain, width)? } else { Vec::new() };
         let n_vocab = self.n_vocab;
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();
         for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
-            trees[block.request] = grow_tree(&lattice, limits[block.request], n_vocab);
+            let mut tree = grow_tree(&lattice, limits[block.request], n_vocab);
+            if let Some(policy) = self.policy.as_mut() {
+                tree.truncate(policy.keep_tree(&tree));
+            }
+            trees[block.request] = tree;
         }
         self.stats.t_walk_us += us_since(t);
 
@@ -159,6 +168,9 @@ impl Engine {
                 sampled: None,
                 tree: Some(tree.clone()),
             });
+        }
+        if let Some(policy) = self.policy.as_mut() {
+            policy.draft_done(Instant::now());
         }
         Ok(trees)
     }
@@ -191,6 +203,9 @@ impl Engine {
         let n_nodes = tree.len();
         let rows: Vec<usize> =
             if n_rows == 0 { Vec::new() } else { std::iter::once(0).chain(path.iter().map(|&i| i + 1)).collect() };
+        if let Some(policy) = self.policy.as_mut() {
+            policy.accepted(&tree.path_confidences(&path), path.len());
+        }
         let dropped = self.seqs[s].resolve_held_rows(&rows);
         self.stats.n_rejected_rows += dropped as u64;
         self.stats.record_accept(n_nodes, path.len());

@@ -227,13 +227,14 @@ int32_t host_tree_seq_ids(int32_t np, int32_t n_leaves) {
     return np * (n_leaves + 1);
 }
 
-host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves,
+host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
         const std::vector<std::vector<llama_token>> & prompts) {
     dflash2::params params = dflash2::default_params();
     params.n_seq           = (uint32_t) tgt.params.n_seq;
     params.n_max           = tgt.params.n_max;
     params.n_threads       = tgt.params.n_threads;
     params.n_threads_batch = tgt.params.n_threads;
+    params.walk            = walk;
     dflash2::engine engine(tgt.ctx, tgt.params.path_draft, params);
 
     host_generation gen;

@@ -137,8 +137,10 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
 
 // dflash2 tree drafts of at most n_nodes nodes and n_leaves leaves per step,
 // verified in one target batch per step (generate-tree.cpp); the target context
-// needs reset_context(np, host_tree_seq_ids(np, n_leaves))
-host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves,
+// needs reset_context(np, host_tree_seq_ids(np, n_leaves)). walk: an enum
+// llama_spec_dflash2_walk value (adaptive: the controller picks no draft, a
+// chain or a tree each step)
+host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
         const std::vector<std::vector<llama_token>> & prompts);
 int32_t         host_tree_seq_ids(int32_t np, int32_t n_leaves);
 
