@@ -483,8 +483,7 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn trained_drafter() -> std::path::PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/smollm2-135m-dflash2.gguf");
-    if p.exists() { p } else { "/work/shared/models/smollm2-135m-dflash2.gguf".into() }
+    common::smollm2_drafter(&smollm2())
 }
 
 fn total(v: &[llama_spec_dflash2_stats]) -> llama_spec_dflash2_stats {
