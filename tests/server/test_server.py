@@ -333,8 +333,7 @@ def test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling(spec):
     # top-k 8 and 8 post-sampling probabilities: p is the whole candidate list at each
     # position, so every emitted token, drafted or not, must be one of its position's
     # candidates with p > 0 (a verifier that kept a draft token outside p fails here)
-    n_emitted = 0
-    for prompt in PROMPTS:
+    for prompt in PROMPTS[:2]:
         res, probs = completion_probs(spec, prompt, n_probs=8, post_sampling_probs=True, **SAMPLED)
         assert len(probs) == res["tokens_predicted"] > 0, (len(probs), res["tokens_predicted"])
         for tok in probs:
@@ -343,7 +342,6 @@ def test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling(spec):
             assert cands.get(tok["id"], 0.0) > 0.0, f"emitted token {tok['id']} outside its p: {tok}"
             assert abs(tok["prob"] - cands[tok["id"]]) < 1e-6, tok
             assert abs(sum(cands.values()) - 1.0) < 1e-3, tok
-        n_emitted += len(probs)
     # a fixed seed gives the same answer again, from the prompt cache too
     again = [completion_probs(spec, PROMPTS[0], cache_prompt=cache, **SAMPLED)[0]["content"] for cache in (True, True)]
     first = completion_probs(spec, PROMPTS[0], n_probs=8, post_sampling_probs=True, **SAMPLED)[0]["content"]
@@ -360,7 +358,7 @@ def test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling(spec):
 def test_a_sampler_without_its_distribution_falls_back_to_sample_and_match(spec):
     # mirostat draws with a state it updates from its own pick: greedy drafts, sample-and-match
     for prompt in PROMPTS[:2]:
-        res, probs = completion_probs(spec, prompt, n_probs=3, mirostat=2, **SAMPLED)
+        res, probs = completion_probs(spec, prompt, n_probs=3, mirostat=2, ignore_eos=True, **SAMPLED)
         assert res["content"] and len(probs) == res["tokens_predicted"]
     draft = spec.request("GET", "/slots")[0]["draft"]
     assert draft["verify"].startswith("sample-and-match: mirostat"), draft
