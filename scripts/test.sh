@@ -71,6 +71,9 @@ step "llama-server with dflash2: hybrid qwen35 and image prompts on loopback"
 python3 tests/server/test_hybrid_vision.py --server "$server" --fixtures "$build/fixtures" \
     --workdir "$root/target/server-tests-hybrid"
 
+step "llama.cpp's own server tests on probabilities, without and with the drafter"
+scripts/llama-server-tests.sh "$build/smollm2-dflash2-generated.gguf"
+
 step "exports of libdflash2.so"
 nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'
 

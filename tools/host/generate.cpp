@@ -1,6 +1,7 @@
 #include "host.h"
 
 #include <algorithm>
+#include <memory>
 
 namespace {
 
@@ -12,7 +13,39 @@ struct stream {
     llama_pos                n_past  = 0;
     llama_token              id_last = 0;
     bool                     done    = false;
+    uint32_t                 seed    = 0;
+    std::unique_ptr<host_sampler> smpl; // the target's sampler when it samples
 };
+
+// the target's token at a row: its argmax, or a draw from its sampler chain
+llama_token pick(const host_target & tgt, stream & s, int32_t i_batch) {
+    return tgt.sampled() ? s.smpl->sample(tgt, i_batch) : tgt.argmax(i_batch);
+}
+
+// verifies stream s's draft d (verify rows from row0 on): fills `verdicts` with
+// the tokens to emit and returns how many drafted tokens were kept
+size_t verify(const host_target & tgt, host_drafter * drafter, stream & s, const std::vector<llama_token> & d,
+        int32_t row0, std::vector<llama_token> & verdicts) {
+    size_t n_acc = 0;
+    if (tgt.sampled() && drafter && drafter->drafts_sampled()) {
+        // rejection sampling against the sampled draft's q: lossless at any acceptance
+        llama_token token = LLAMA_TOKEN_NULL;
+        while (drafter->verify_step(s.seq, (int32_t) n_acc, s.smpl->apply(tgt, row0 + (int32_t) n_acc), token)) {
+            verdicts.push_back(token);
+            ++n_acc;
+        }
+        verdicts.push_back(token);
+        return n_acc;
+    }
+    // greedy: keep drafts equal to the argmax; sampled: equal to the token the
+    // chain draws at their row (sample-and-match, one draw per emitted token)
+    verdicts.push_back(pick(tgt, s, row0));
+    while (n_acc < d.size() && d[n_acc] == verdicts.back()) {
+        ++n_acc;
+        verdicts.push_back(pick(tgt, s, row0 + (int32_t) n_acc));
+    }
+    return n_acc;
+}
 
 // appends `emitted` to the stream, stopping at the end of generation
 void emit(const host_target & tgt, stream & s, const std::vector<llama_token> & emitted) {
@@ -42,7 +75,7 @@ void prefill(host_target & tgt, host_drafter * drafter, std::vector<stream> & st
             drafter->process(batch);
         }
         for (auto [i, row] : last_rows) {
-            streams[i].id_last = tgt.argmax(row);
+            streams[i].id_last = pick(tgt, streams[i], row);
         }
         batch.clear();
         last_rows.clear();
@@ -108,7 +141,8 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
             for (size_t i : active) {
                 const stream & s = streams[i];
                 const int32_t left = tgt.params.n_predict - (int32_t) s.out.size();
-                reqs.push_back({ s.seq, s.id_last, s.n_past, std::min(tgt.params.n_max, std::max(left, 1)), &s.history });
+                reqs.push_back({ s.seq, s.id_last, s.n_past, std::min(tgt.params.n_max, std::max(left, 1)), &s.history,
+                        s.seed });
             }
             const int64_t t = host_time_us();
             drafter->draft(reqs, drafts);
@@ -137,12 +171,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<stream> & s
             stream & s = streams[active[k]];
             const auto & d = drafts[k];
             std::vector<llama_token> verdicts;
-            size_t n_acc = 0;
-            verdicts.push_back(tgt.argmax(first_row[k]));
-            while (n_acc < d.size() && d[n_acc] == verdicts.back()) {
-                ++n_acc;
-                verdicts.push_back(tgt.argmax(first_row[k] + (int32_t) n_acc));
-            }
+            const size_t n_acc = verify(tgt, drafter, s, d, first_row[k], verdicts);
             stats.n_seq_steps += 1;
             stats.n_drafted   += (int64_t) d.size();
             stats.n_accepted  += (int64_t) n_acc;
@@ -182,6 +211,10 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
             s.seq      = (llama_seq_id) (i - first);
             s.i_prompt = i;
             s.history  = prompts[i];
+            s.seed     = (uint32_t) tgt.params.seed + (uint32_t) i;
+            if (tgt.sampled()) {
+                s.smpl = std::make_unique<host_sampler>(tgt.params.temp, s.seed);
+            }
             streams.push_back(std::move(s));
         }
         run_wave(tgt, drafter, streams, gen.stats);
