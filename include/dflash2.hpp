@@ -187,6 +187,15 @@ struct engine {
         check(llama_spec_dflash2_accept(get(), seq_id, n_accepted), "accept");
     }
 
+    // lossless verification of position i of the sampled draft of seq_id against
+    // the host's distribution p there (llama_spec_dflash2_verify_sampled_step):
+    // `token` receives what the host emits; true while the drafted token was kept
+    bool verify_sampled_step(llama_seq_id seq_id, int32_t i, const llama_token_data_array & p, llama_token & token) {
+        bool accepted = false;
+        check(llama_spec_dflash2_verify_sampled_step(get(), seq_id, i, &p, &token, &accepted), "verify_sampled_step");
+        return accepted;
+    }
+
     // mirrors of the target's llama_memory_seq_* calls
     void seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
         check(llama_spec_dflash2_seq_rm(get(), seq_id, p0, p1), "seq_rm");

@@ -13,6 +13,8 @@
 # Other options are dflash2-bench's: --np 1,2,4 --reps N --n-predict N --n-max N --tree N
 # --prompts FILE --modes ar,upstream,dflash2,dflash2-adaptive,dflash2-tree,dflash2-auto --threads N
 # --json PATH --svg PATH
+# --temp T --seed S (T > 0: sampled target; upstream sample-and-match, dflash2
+# sampled drafts with lossless rejection sampling; see tools/host/host.h)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

@@ -64,12 +64,19 @@ cmake --build "$build/build" -j 2 >/dev/null
 ctest --test-dir "$build/build" --output-on-failure
 
 step "llama-server with dflash2: end-to-end tests on loopback"
+# the trained drafter, when the machine has it, makes sure drafted tokens are accepted
+trained=()
+[ -f "$root/../shared/models/smollm2-135m-dflash2.gguf" ] && trained=(--trained-draft "$root/../shared/models/smollm2-135m-dflash2.gguf")
 python3 tests/server/test_server.py --server "$server" --target "$DFLASH2_SMOLLM2" \
-    --draft "$build/smollm2-dflash2-generated.gguf" --fixtures "$build/fixtures" --workdir "$root/target/server-tests"
+    --draft "$build/smollm2-dflash2-generated.gguf" ${trained[@]+"${trained[@]}"} \
+    --fixtures "$build/fixtures" --workdir "$root/target/server-tests"
 
 step "llama-server with dflash2: hybrid qwen35 and image prompts on loopback"
 python3 tests/server/test_hybrid_vision.py --server "$server" --fixtures "$build/fixtures" \
     --workdir "$root/target/server-tests-hybrid"
+
+step "llama.cpp's own server tests on probabilities, without and with the drafter"
+scripts/llama-server-tests.sh "$build/smollm2-dflash2-generated.gguf"
 
 step "exports of libdflash2.so"
 nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'

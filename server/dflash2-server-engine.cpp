@@ -7,10 +7,24 @@
 
 namespace {
 
+// how one slot samples, set before each draft
+struct slot_sampling {
+    float       temp = 0.0f;      // > 0: sampled drafts, verified by rejection sampling
+    uint32_t    seed = 0;         // the slot's sampler seed: the library's generators'
+    std::string mode = "greedy";  // for /slots
+
+    bool    restart       = true;  // a new generation began: the library's generators start over
+    bool    sampled_draft = false; // the draft awaiting verification was sampled
+    int32_t n_verified    = -1;    // positions the library's sampled verification accepted, until accept()
+
+    dflash2_server_verified verified; // for the emitted tokens' probabilities
+};
+
 struct spec_dflash2 : dflash2_server_spec {
     dflash2::engine engine;
 
-    std::vector<common_speculative_draft_params> dparams; // per sequence, filled by the server
+    std::vector<common_speculative_draft_params> dparams;  // per sequence, filled by the server
+    std::vector<slot_sampling>                   sampling; // per sequence
 
     // scratch of the calls, kept to avoid allocating every step
     std::vector<dflash2::row>             rows;
@@ -19,7 +33,7 @@ struct spec_dflash2 : dflash2_server_spec {
 
     spec_dflash2(llama_context * ctx_tgt, const std::string & path_draft, const dflash2::params & params,
             int32_t n_parallel)
-        : engine(ctx_tgt, path_draft, params), dparams(n_parallel) {
+        : engine(ctx_tgt, path_draft, params), dparams(n_parallel), sampling(n_parallel) {
         dflash2_server_publish_stats(engine.get_stats(), engine.n_max());
         LOG_INF("%s: dflash2 %s serves the DFlash2 drafter '%s' (n_max %d, block %d)\n", __func__, dflash2::version(),
                 path_draft.c_str(), engine.n_max(), engine.block_size());
@@ -30,7 +44,7 @@ struct spec_dflash2 : dflash2_server_spec {
     common_speculative_draft_params & draft_params(llama_seq_id seq_id) override { return dparams.at(seq_id); }
 
     // dflash2 already holds every committed row of the prompt
-    void begin(llama_seq_id, const llama_tokens &) override {}
+    void begin(llama_seq_id seq_id, const llama_tokens &) override { sampling.at(seq_id).restart = true; }
 
     bool process(const common_batch & batch) override {
         dflash2_rows_from_batch(batch, rows);
@@ -51,13 +65,18 @@ struct spec_dflash2 : dflash2_server_spec {
                 continue;
             }
             dp.result->clear();
-            requests.push_back(dflash2::make_request((int32_t) seq, dp.id_last, dp.n_max));
+            const slot_sampling & s = sampling[seq];
+            // temperature 0: the greedy chain, as before
+            requests.push_back(dflash2::make_request((int32_t) seq, dp.id_last, dp.n_max, s.temp, s.seed));
         }
         if (!requests.empty()) {
             try {
                 engine.draft(requests, drafts);
                 for (size_t k = 0; k < requests.size(); ++k) {
-                    dparams[requests[k].seq_id].result->assign(drafts[k].begin(), drafts[k].end());
+                    const llama_seq_id seq = requests[k].seq_id;
+                    dparams[seq].result->assign(drafts[k].begin(), drafts[k].end());
+                    sampling[seq].sampled_draft = requests[k].temperature > 0.0f && !drafts[k].empty();
+                    sampling[seq].n_verified    = -1;
                 }
             } catch (const dflash2::error & e) {
                 // no drafts this step: the slots decode their sampled token alone
@@ -70,8 +89,16 @@ struct spec_dflash2 : dflash2_server_spec {
     }
 
     void accept(llama_seq_id seq_id, uint16_t n_accepted) override {
+        // after a sampled verification the library wants the positions it accepted,
+        // also when an end-of-generation token ended the emitted tokens before them
+        // (the server's seq_rm then trims the rows after the end)
+        int32_t n = n_accepted;
+        if (seq_id >= 0 && (size_t) seq_id < sampling.size() && sampling[seq_id].n_verified >= 0) {
+            n = sampling[seq_id].n_verified;
+            sampling[seq_id].n_verified = -1;
+        }
         try {
-            engine.accept(seq_id, n_accepted);
+            engine.accept(seq_id, n);
         } catch (const dflash2::error & e) {
             LOG_ERR("%s\n", e.what());
         }
@@ -96,6 +123,57 @@ struct spec_dflash2 : dflash2_server_spec {
 
     // feature rows of any width, images included
     bool takes_embd_batches() const override { return true; }
+
+    void set_sampling(llama_seq_id seq_id, const common_params_sampling & params, const common_sampler * smpl) override {
+        slot_sampling & s = sampling.at(seq_id);
+        s.temp = 0.0f;
+        s.seed = common_sampler_get_seed(smpl);
+        if (params.temp <= 0.0f) {
+            s.mode = "greedy";
+        } else if (const char * why = dflash2_server_sampled_verify_blocker(params)) {
+            s.mode = std::string("sample-and-match: ") + why;
+        } else {
+            s.temp = params.temp;
+            s.mode = "rejection-sampling";
+            if (s.restart) {
+                restart_generators(seq_id);
+            }
+        }
+        s.restart = false;
+    }
+
+    // a request with a fixed seed answers the same each time, as a plain server
+    // does: the library's generators of a sequence carry on across its drafts
+    // while the sequence keeps rows (a prompt cache hit keeps them), and start
+    // over from the seed after a state restore, which this round trip is
+    void restart_generators(llama_seq_id seq_id) {
+        try {
+            engine.state_set(seq_id, engine.state_get(seq_id));
+        } catch (const dflash2::error & e) {
+            LOG_WRN("dflash2: the sampled drafts of sequence %d continue their random streams: %s\n", seq_id,
+                    e.message.c_str());
+        }
+    }
+
+    std::vector<llama_token> sample_and_accept_n(llama_seq_id seq_id, common_sampler * smpl, llama_context * ctx,
+            const std::vector<int> & idxs, const llama_tokens & draft, bool is_replay, size_t n_probs_post) override {
+        slot_sampling & s = sampling.at(seq_id);
+        if (!s.sampled_draft) {
+            return dflash2_server_verify_match(smpl, ctx, idxs, draft, n_probs_post, s.verified);
+        }
+        if (is_replay) {
+            s.n_verified = -1;
+            return dflash2_server_verify_replay(smpl, ctx, idxs, draft, n_probs_post, s.verified);
+        }
+        return dflash2_server_verify_sampled(engine, seq_id, smpl, ctx, idxs, draft, n_probs_post, s.verified,
+                s.n_verified);
+    }
+
+    int32_t draft_probs_row(llama_seq_id seq_id, common_sampler * smpl, size_t i) override {
+        return sampling.at(seq_id).verified.row_for_probs(smpl, i);
+    }
+
+    std::string verify_mode(llama_seq_id seq_id) const override { return sampling.at(seq_id).mode; }
 
     void seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) override { engine.seq_rm(seq_id, p0, p1); }
 

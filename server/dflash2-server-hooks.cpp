@@ -97,3 +97,23 @@ void dflash2_server_memory::seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_
         spec->seq_cp(seq_id_src, seq_id_dst, p0, p1);
     }
 }
+
+void dflash2_server_set_sampling(dflash2_server_spec * spec, llama_seq_id seq_id, const common_params_sampling & params,
+        const common_sampler * smpl) {
+    if (spec && smpl) {
+        spec->set_sampling(seq_id, params, smpl);
+    }
+}
+
+std::vector<llama_token> dflash2_server_sample_and_accept_n(dflash2_server_spec * spec, llama_seq_id seq_id,
+        common_sampler * smpl, llama_context * ctx, const std::vector<int> & idxs, const llama_tokens & draft,
+        bool is_replay, size_t n_probs_post) {
+    if (!spec) {
+        return common_sampler_sample_and_accept_n(smpl, ctx, idxs, draft);
+    }
+    return spec->sample_and_accept_n(seq_id, smpl, ctx, idxs, draft, is_replay, n_probs_post);
+}
+
+int32_t dflash2_server_draft_probs_row(dflash2_server_spec * spec, common_sampler * smpl, llama_seq_id seq_id, size_t i) {
+    return spec ? spec->draft_probs_row(seq_id, smpl, i) : -1;
+}

@@ -44,9 +44,11 @@ std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq
     for (size_t i = 0; i < c.accepted_at.size(); ++i) {
         per_pos += string_format("%s%lld", i ? ", " : "", (long long) c.accepted_at[i]);
     }
-    return string_format("{\"engine\": \"%s\", \"n_drafted\": %lld, \"n_accepted\": %lld, \"n_verify_steps\": %lld, "
-            "\"accepted_at\": [%s]}", spec->name(), (long long) c.n_drafted, (long long) c.n_accepted,
-            (long long) c.n_verify_steps, per_pos.c_str());
+    // the verification mode: greedy, rejection-sampling, or "sample-and-match: why"
+    // (its reasons have no quotes or backslashes)
+    return string_format("{\"engine\": \"%s\", \"verify\": \"%s\", \"n_drafted\": %lld, \"n_accepted\": %lld, "
+            "\"n_verify_steps\": %lld, \"accepted_at\": [%s]}", spec->name(), spec->verify_mode(seq_id).c_str(),
+            (long long) c.n_drafted, (long long) c.n_accepted, (long long) c.n_verify_steps, per_pos.c_str());
 }
 
 std::string dflash2_server_metrics() {

@@ -45,6 +45,19 @@ struct spec_upstream : dflash2_server_spec {
     // the server refuses embedding batches with upstream's speculative decoding
     bool takes_embd_batches() const override { return false; }
 
+    // llama.cpp's own verification: greedy drafts, sample-and-match
+    void set_sampling(llama_seq_id, const common_params_sampling &, const common_sampler *) override {}
+
+    std::vector<llama_token> sample_and_accept_n(llama_seq_id, common_sampler * smpl, llama_context * ctx,
+            const std::vector<int> & idxs, const llama_tokens & draft, bool, size_t) override {
+        return common_sampler_sample_and_accept_n(smpl, ctx, idxs, draft);
+    }
+
+    // as llama.cpp's server: no probabilities on accepted draft tokens
+    int32_t draft_probs_row(llama_seq_id, common_sampler *, size_t) override { return -1; }
+
+    std::string verify_mode(llama_seq_id) const override { return "sample-and-match"; }
+
     // common_memory mirrors these into the draft context
     void seq_rm(llama_seq_id, llama_pos, llama_pos) override {}
     void seq_add(llama_seq_id, llama_pos, llama_pos, llama_pos) override {}

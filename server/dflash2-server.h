@@ -10,6 +10,7 @@
 #pragma once
 
 #include "common.h"
+#include "sampling.h"
 #include "speculative.h"
 
 #include <cstdint>
@@ -68,6 +69,15 @@ struct dflash2_server_spec {
     // process() takes batches with embedding rows (images)
     virtual bool takes_embd_batches() const = 0;
 
+    // sampling: see dflash2_server_set_sampling, dflash2_server_sample_and_accept_n
+    // and dflash2_server_draft_probs_row
+    virtual void set_sampling(llama_seq_id seq_id, const common_params_sampling & params, const common_sampler * smpl) = 0;
+    virtual std::vector<llama_token> sample_and_accept_n(llama_seq_id seq_id, common_sampler * smpl, llama_context * ctx,
+            const std::vector<int> & idxs, const llama_tokens & draft, bool is_replay, size_t n_probs_post) = 0;
+    virtual int32_t draft_probs_row(llama_seq_id seq_id, common_sampler * smpl, size_t i) = 0;
+    // how the slot's drafts are verified, for /slots
+    virtual std::string verify_mode(llama_seq_id seq_id) const = 0;
+
     // the target's memory operations on a slot, mirrored into the drafter
     virtual void seq_rm (llama_seq_id seq_id, llama_pos p0, llama_pos p1) = 0;
     virtual void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) = 0;
@@ -117,6 +127,45 @@ void    common_speculative_print_stats(const dflash2_server_spec * spec);
 int32_t common_speculative_n_max(const dflash2_server_spec * spec);
 
 const std::vector<double> & common_speculative_get_synth_probs(const dflash2_server_spec * spec);
+
+// the sampling of a slot about to draft (its task's parameters and sampler), set
+// before common_speculative_draft. When dflash2 serves a slot that samples
+// (temperature > 0) it drafts by sampling the lattice with the slot's
+// temperature and seed (the sampler's resolved seed); a greedy slot drafts the
+// greedy chain as before.
+void dflash2_server_set_sampling(dflash2_server_spec * spec, llama_seq_id seq_id, const common_params_sampling & params,
+        const common_sampler * smpl);
+
+// replaces common_sampler_sample_and_accept_n(smpl, ctx, idxs, draft) in the
+// verification of a slot's draft; returns the tokens to emit (the kept drafted
+// tokens, then the target's own), the sampler having accepted them.
+// - upstream, or a dflash2 greedy draft: sample-and-match, as llama.cpp does
+// - a dflash2 sampled draft: lossless rejection sampling: per draft position one
+//   pass of the slot's sampler (grammar first, then its chain: penalties, top-k,
+//   top-p, min-p, temperature, ...) gives p, the library accepts the drafted
+//   token with probability min(1, p/q) or draws the replacement from
+//   max(0, p - q), with its generator seeded by the slot's seed
+// is_replay: the server replays a verified draft after restoring a checkpoint
+// (a target that cannot drop the rejected rows): a sampled one is taken as is.
+// n_probs_post > 0: the slot wants that many post-sampling probabilities per
+// token; the candidates of every emitted token are kept for them.
+std::vector<llama_token> dflash2_server_sample_and_accept_n(dflash2_server_spec * spec, llama_seq_id seq_id,
+        common_sampler * smpl, llama_context * ctx, const std::vector<int> & idxs, const llama_tokens & draft,
+        bool is_replay, size_t n_probs_post);
+
+// for the probabilities of emitted token i of the last verification (by
+// populate_token_probs, as a plain step): the batch row it was sampled from, or
+// -1 when none is known (upstream); when post-sampling candidates were kept,
+// the sampler's candidates (common_sampler_get_candidates) now show them, until
+// its next sampling
+int32_t dflash2_server_draft_probs_row(dflash2_server_spec * spec, common_sampler * smpl, llama_seq_id seq_id, size_t i);
+
+// why a sampling slot cannot be verified by rejection sampling (it then drafts
+// greedily and verifies by sample-and-match, as upstream), or NULL when it can:
+// the chain must leave its distribution in cur_p and draw its token from it
+// statelessly; mirostat and adaptive-p update their state from the token they
+// drew themselves (backend sampling is fine: it leaves its probabilities in cur_p)
+const char * dflash2_server_sampled_verify_blocker(const common_params_sampling & params);
 
 // a slot's memory: the target's, and the same operation on the spec serving that
 // target context (dflash2 maps target positions to its own dense draft positions)

@@ -24,6 +24,7 @@ SOURCES = [
     "dflash2-server-report.cpp",
     "dflash2-server-state.cpp",
     "dflash2-server-upstream.cpp",
+    "dflash2-server-verify.cpp",
 ]
 
 # (file, anchor, replacement); each replacement keeps the anchor's text where it
@@ -72,6 +73,25 @@ EDITS = [
      '                SRV_ERR("failed to initialize speculative decoding context: %s\\n", e.what());\n',
      '                SRV_ERR("failed to initialize speculative decoding context: %s\\n", e.what());\n'
      "                if (dflash2_server_init_failed(params_base)) { return false; } " + MARK + "\n"),
+    # sampling: the slot's temperature and seed go into its draft request
+    ("server-context.cpp",
+     "                        drafting.push_back(&slot);\n",
+     "                        drafting.push_back(&slot);\n"
+     "                        dflash2_server_set_sampling(spec.get(), slot.id, slot.task->params.sampling, slot.smpl.get()); " + MARK + "\n"),
+    # verification: lossless rejection sampling for sampled drafts, the emitted tokens' candidates kept
+    ("server-context.cpp",
+     "                    ? common_sampler_sample_and_accept_n(slot.smpl.get(), slot.ctx_tgt, slot.spec_i_batch, slot.spec_draft)\n",
+     "                    ? dflash2_server_sample_and_accept_n(spec.get(), slot.id, slot.smpl.get(), slot.ctx_tgt, slot.spec_i_batch, slot.spec_draft,\n"
+     "                            slot.spec_is_replay, slot.task->params.post_sampling_probs ? slot.task->params.sampling.n_probs : 0) " + MARK + "\n"),
+    # probabilities of drafted tokens, as a plain step gives them
+    ("server-context.cpp",
+     "                // TODO: set result.probs\n",
+     "                if (slot.task->params.sampling.n_probs > 0) { " + MARK + "\n"
+     "                    const int32_t idx = dflash2_server_draft_probs_row(spec.get(), slot.smpl.get(), slot.id, i);\n"
+     "                    if (idx >= 0) {\n"
+     "                        populate_token_probs(slot, result, slot.task->params.post_sampling_probs, params_base.special, idx);\n"
+     "                    }\n"
+     "                }\n"),
     # dflash2 takes feature rows of any width from embedding batches (images)
     ("server-context.cpp",
      "        if (spec && batch.has_embd) {",

@@ -2,6 +2,10 @@
 // run, across parallel sequences. Each step verifies all sequences' drafts in one
 // target batch, the way llama-server does. Prints a table with ratios computed
 // inside the run, writes JSON and an SVG chart of tokens/s and tau vs np.
+// With --temp T > 0 the target samples (host.h says how each mode verifies):
+// upstream's output still equals target-only's token for token (same draws);
+// dflash2's follows the same distribution with other draws, so its "identical"
+// column reads "-".
 #include "args.h"
 #include "dflash2.hpp"
 #include "host.h"
@@ -21,6 +25,7 @@ struct mode_result {
     std::vector<host_stats>  runs;
     std::vector<bool>        identical; // per prompt, vs target-only at the same np
     size_t                   i_median = 0;
+    bool                     comparable = true; // its output is expected to equal target-only's
 
     const host_stats & median() const { return runs[i_median]; }
 
@@ -129,8 +134,14 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             char tps[64], acc[32];
             snprintf(tps, sizeof(tps), "%.1f [%.1f..%.1f]", s.tokens_per_s(), r.tps_min(), r.tps_max());
             snprintf(acc, sizeof(acc), "%lld/%lld", (long long) s.n_accepted, (long long) s.n_drafted);
-            printf("%-3d %-16s %22s %9.1f %6.2f %16s %5d/%-3zu %9.1f", np, r.mode.c_str(), tps, s.tokens_per_s() / np,
-                    s.tau(), r.mode == "ar" ? "-" : acc, r.n_identical(), r.identical.size(), s.t_target_us / 1e3);
+            char same[32];
+            if (r.comparable) {
+                snprintf(same, sizeof(same), "%d/%zu", r.n_identical(), r.identical.size());
+            } else {
+                snprintf(same, sizeof(same), "-");
+            }
+            printf("%-3d %-16s %22s %9.1f %6.2f %16s %9s %9.1f", np, r.mode.c_str(), tps, s.tokens_per_s() / np,
+                    s.tau(), r.mode == "ar" ? "-" : acc, same, s.t_target_us / 1e3);
             if (r.mode != "ar") {
                 printf("  %.1f / %.1f / %.1f", s.t_process_us / 1e3, s.t_draft_us / 1e3, s.t_accept_us / 1e3);
                 if (s.has_split) {
@@ -185,6 +196,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
     out << "  \"dflash2\": " << json_str(dflash2::version()) << ",\n";
     out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
     out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps << ",\n";
+    out << "  \"temp\": " << p.temp << ", \"seed\": " << p.seed << ", \"sampler_chain\": "
+        << json_str(p.temp > 0 ? "temp, dist" : "greedy") << ",\n";
     out << "  \"prompts\": [";
     for (size_t i = 0; i < prompts.size(); ++i) {
         out << (i ? ", " : "") << json_str(prompts[i]);
@@ -212,11 +225,17 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             out << ", \"inject\": " << s.t_inject_us / 1e3 << ", \"draft_decode\": " << s.t_noise_us / 1e3
                 << ", \"walk\": " << s.t_walk_us / 1e3 << ", \"feature_copy\": " << s.t_copy_us / 1e3;
         }
-        out << "}, \"identical_to_ar\": [";
-        for (size_t i = 0; i < r.identical.size(); ++i) {
-            out << (i ? ", " : "") << (r.identical[i] ? "true" : "false");
+        out << "}, \"identical_to_ar\": ";
+        if (r.comparable) {
+            out << "[";
+            for (size_t i = 0; i < r.identical.size(); ++i) {
+                out << (i ? ", " : "") << (r.identical[i] ? "true" : "false");
+            }
+            out << "]";
+        } else {
+            out << "null"; // sampled drafts: the same distribution, other draws
         }
-        out << "]}" << (k + 1 < results.size() ? "," : "") << "\n";
+        out << "}" << (k + 1 < results.size() ? "," : "") << "\n";
     }
     out << "  ],\n  \"ratios\": [\n";
     std::vector<int32_t> nps;
@@ -318,6 +337,9 @@ int main(int argc, char ** argv) {
                 throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto)");
             }
         }
+        if (args.params.temp > 0.0f && std::any_of(modes.begin(), modes.end(), is_tree)) {
+            throw std::runtime_error("the tree modes verify greedily: run them at --temp 0");
+        }
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
         const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
                                                            : args.params.n_max;
@@ -334,12 +356,17 @@ int main(int argc, char ** argv) {
         printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
                 args.params.n_max, args.params.n_threads, reps);
+        if (tgt.sampled()) {
+            printf("sampled: temp %.2f (chain: temp, dist), seed %d; upstream: greedy drafts, sample-and-match; "
+                   "dflash2: sampled drafts, lossless rejection sampling\n", args.params.temp, args.params.seed);
+        }
 
         std::vector<mode_result> results;
         for (int32_t np : args.np_list) {
             std::vector<mode_result> at_np;
             for (const auto & m : modes) {
-                at_np.push_back({ m, np, {}, {}, 0 });
+                // sampled dflash2 drafts are verified with other random draws than target-only's
+                at_np.push_back({ m, np, {}, {}, 0, !tgt.sampled() || m == "ar" || m == "upstream" });
             }
             // the target-only output every run is compared with
             tgt.reset_context(np);

@@ -22,7 +22,7 @@ static std::vector<llama_token> first_draft(host_target & tgt, host_drafter & d,
     d.process(batch);
     const llama_token id_last = tgt.argmax(batch.size() - 1);
     std::vector<std::vector<llama_token>> out(1);
-    d.draft({ { 0, id_last, (llama_pos) prompt.size(), tgt.params.n_max, &prompt } }, out);
+    d.draft({ { 0, id_last, (llama_pos) prompt.size(), tgt.params.n_max, &prompt, 0 } }, out);
     return out[0];
 }
 

@@ -319,6 +319,86 @@ def test_bad_values_of_our_flags_stop_the_server():
     assert "--spec-dflash2-block-size needs" in s.log_text()
 
 
+def completion_probs(server, prompt, **extra):
+    body = {"prompt": prompt, "n_predict": N_PREDICT, "cache_prompt": False, "n_probs": 0, **extra}
+    res = server.request("POST", "/completion", body)
+    return res, res.get("completion_probabilities", [])
+
+
+SAMPLED = {"temperature": 0.8, "top_k": 8, "seed": 1234}
+
+
+@with_servers(("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT]))
+def test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling(spec):
+    # top-k 8 and 8 post-sampling probabilities: p is the whole candidate list at each
+    # position, so every emitted token, drafted or not, must be one of its position's
+    # candidates with p > 0 (a verifier that kept a draft token outside p fails here)
+    for prompt in PROMPTS[:2]:
+        res, probs = completion_probs(spec, prompt, n_probs=8, post_sampling_probs=True, **SAMPLED)
+        assert len(probs) == res["tokens_predicted"] > 0, (len(probs), res["tokens_predicted"])
+        for tok in probs:
+            cands = {c["id"]: c["prob"] for c in tok["top_probs"]}
+            assert 0 < len(cands) <= 8, tok
+            assert cands.get(tok["id"], 0.0) > 0.0, f"emitted token {tok['id']} outside its p: {tok}"
+            assert abs(tok["prob"] - cands[tok["id"]]) < 1e-6, tok
+            assert abs(sum(cands.values()) - 1.0) < 1e-3, tok
+    # a fixed seed gives the same answer again, from the prompt cache too
+    again = [completion_probs(spec, PROMPTS[0], cache_prompt=cache, **SAMPLED)[0]["content"] for cache in (True, True)]
+    first = completion_probs(spec, PROMPTS[0], n_probs=8, post_sampling_probs=True, **SAMPLED)[0]["content"]
+    assert again == [first, first], (again, first)
+    slot = spec.request("GET", "/slots")[0]
+    assert slot["draft"]["verify"] == "rejection-sampling", slot["draft"]
+    assert slot["draft"]["n_drafted"] > 0 and slot["draft"]["n_verify_steps"] > 0, slot["draft"]
+    m = assert_drafting(spec)
+    assert m["spec_decode_num_draft_tokens_total"] >= slot["draft"]["n_drafted"] > 0
+    assert m["dflash2_drafted_tokens_total"] > 0
+
+
+@with_servers(("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT]))
+def test_a_sampler_without_its_distribution_falls_back_to_sample_and_match(spec):
+    # mirostat draws with a state it updates from its own pick: greedy drafts, sample-and-match
+    for prompt in PROMPTS[:2]:
+        res, probs = completion_probs(spec, prompt, n_probs=3, mirostat=2, ignore_eos=True, **SAMPLED)
+        assert res["content"] and len(probs) == res["tokens_predicted"]
+    draft = spec.request("GET", "/slots")[0]["draft"]
+    assert draft["verify"].startswith("sample-and-match: mirostat"), draft
+    assert draft["n_drafted"] > 0, draft
+    # and a greedy request after it drafts the greedy chain again
+    spec.complete(PROMPTS[0])
+    assert spec.request("GET", "/slots")[0]["draft"]["verify"] == "greedy"
+
+
+def compare_probs(ref, spec, prompts):
+    # greedy: the same tokens, and on every token (drafted ones included) the same
+    # probabilities as the server without a drafter (within float noise of batched rows)
+    for post in (False, True):
+        for prompt in prompts:
+            res_w, want = completion_probs(ref, prompt, n_probs=5, post_sampling_probs=post, temperature=0)
+            res_g, got = completion_probs(spec, prompt, n_probs=5, post_sampling_probs=post, temperature=0)
+            assert res_g["content"] == res_w["content"], prompt
+            assert len(got) == len(want) and res_g["tokens_predicted"] == res_w["tokens_predicted"]
+            key, top = ("prob", "top_probs") if post else ("logprob", "top_logprobs")
+            for g, w in zip(got, want):
+                assert g["id"] == w["id"] and abs(g[key] - w[key]) < 2e-3, (g, w)
+                assert len(g[top]) == len(w[top]) > 0, (g, w)
+                for gc, wc in zip(g[top], w[top]):
+                    assert abs(gc[key] - wc[key]) < 2e-3, (g, w)
+    return spec.request("GET", "/slots")[0]["draft"]["n_accepted"]
+
+
+def test_drafted_tokens_carry_the_probabilities_of_a_plain_step():
+    # with the trained drafter when there is one (a generated drafter's drafts are
+    # rarely accepted, and then no drafted token would be checked)
+    drafter = ["-md", ARGS.trained_draft or ARGS.draft, "--spec-type", "draft-dflash"]
+    accepted = []
+    with_servers(("reference", ["-np", "1", "-c", "2048"]), ("dflash2", ["-np", "1", "-c", "2048"] + drafter))(
+        lambda ref, spec: accepted.append(compare_probs(ref, spec, PROMPTS[:2])))()
+    if ARGS.trained_draft:
+        assert accepted[0] > 0, "no drafted token was accepted"
+    else:
+        print(f"  note: {accepted[0]} drafted tokens accepted; pass --trained-draft to make sure some are checked")
+
+
 TESTS = [
     test_refuses_drafters_it_cannot_serve,
     test_answers_equal_the_no_drafter_server,
@@ -330,6 +410,9 @@ TESTS = [
     test_our_flags_fall_back_to_upstream_and_shrink_the_block,
     test_the_adaptive_walk_answers_identically,
     test_bad_values_of_our_flags_stop_the_server,
+    test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling,
+    test_a_sampler_without_its_distribution_falls_back_to_sample_and_match,
+    test_drafted_tokens_carry_the_probabilities_of_a_plain_step,
 ]
 
 
@@ -340,6 +423,7 @@ def main():
     ap.add_argument("--target", required=True)
     ap.add_argument("--draft", required=True)
     ap.add_argument("--fixtures", required=True)
+    ap.add_argument("--trained-draft", default=None, help="a trained drafter for the target (drafts get accepted)")
     ap.add_argument("--only")
     ap.add_argument("--workdir", default=None)
     ARGS = ap.parse_args()

@@ -19,6 +19,20 @@ int32_t to_int(const std::string & flag, const std::string & value, int32_t min)
     return (int32_t) v;
 }
 
+float to_temp(const std::string & flag, const std::string & value) {
+    size_t used = 0;
+    float v = -1.0f;
+    try {
+        v = std::stof(value, &used);
+    } catch (const std::exception &) {
+        used = 0;
+    }
+    if (used != value.size() || !(v >= 0.0f && v <= 100.0f)) {
+        throw std::runtime_error(flag + " needs a number in [0, 100], got '" + value + "'");
+    }
+    return v;
+}
+
 } // namespace
 
 std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::string & list) {
@@ -44,6 +58,8 @@ const char * host_args_usage() {
            "  --np N[,N...]     sequences decoded in parallel (default 1)\n"
            "  --threads N       CPU threads (default 2)\n"
            "  --ctx-size N      target context (default 4096)\n"
+           "  --temp T          target sampling temperature (default 0: greedy; > 0: llama.cpp's temp + dist chain)\n"
+           "  --seed S          sampling seed (default 0; prompt i uses S + i)\n"
            "  --prompt TEXT     a user message (repeatable)\n"
            "  --prompts FILE    user messages, one per line\n"
            "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
@@ -78,6 +94,10 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.path_mmproj = value();
         } else if (flag == "--image") {
             a.params.path_image = value();
+        } else if (flag == "--temp") {
+            a.params.temp = to_temp(flag, value());
+        } else if (flag == "--seed") {
+            a.params.seed = to_int(flag, value(), 0);
         } else if (flag == "--prompt") {
             a.prompts.push_back(value());
         } else if (flag == "--prompts") {

@@ -15,7 +15,7 @@ struct host_args {
     std::map<std::string, std::string> values;  // the tool's own options with a value
 };
 
-// parses --target --draft --n-max --n-predict --np --threads --ctx-size --prompt --prompts,
+// parses --target --draft --n-max --n-predict --np --threads --ctx-size --temp --seed --prompt --prompts,
 // and the tool's `value_flags` (each takes a value); throws std::runtime_error on bad input
 host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags = {});
 

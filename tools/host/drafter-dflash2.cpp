@@ -21,8 +21,10 @@ struct drafter_dflash2 : host_drafter {
     std::vector<dflash2::row>           rows;
     std::vector<dflash2::draft_request> requests;
 
+    float temp; // the target's sampling temperature: the drafts' too
+
     drafter_dflash2(host_target & tgt, int32_t walk)
-        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)) {}
+        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)), temp(tgt.params.temp) {}
 
     const char * name() const override { return "dflash2"; }
 
@@ -34,9 +36,16 @@ struct drafter_dflash2 : host_drafter {
     void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) override {
         requests.clear();
         for (const auto & r : reqs) {
-            requests.push_back(dflash2::make_request(r.seq, r.id_last, r.n_max));
+            // temperature 0: the greedy chain, as before; > 0: a sampled draft with its q
+            requests.push_back(dflash2::make_request(r.seq, r.id_last, r.n_max, temp, r.seed));
         }
         engine.draft(requests, out);
+    }
+
+    bool drafts_sampled() const override { return temp > 0.0f; }
+
+    bool verify_step(llama_seq_id seq, int32_t i, const llama_token_data_array & p, llama_token & token) override {
+        return engine.verify_sampled_step(seq, i, p, token);
     }
 
     void accept(llama_seq_id seq, int32_t n_accepted) override { engine.accept(seq, n_accepted); }

@@ -241,7 +241,7 @@ host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n
     gen.tokens.resize(prompts.size());
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
-        std::vector<host_stream> streams = host_wave(prompts, first, n_seq);
+        std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
         run_tree_wave(tgt, engine, n_nodes, n_leaves, streams, gen.stats);
         for (auto & s : streams) {
             gen.stats.n_generated += (int64_t) s.out.size();

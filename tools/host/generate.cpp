@@ -2,8 +2,34 @@
 #include "stream.h"
 
 #include <algorithm>
+#include <memory>
 
 namespace {
+
+// verifies stream s's draft d (verify rows from row0 on): fills `verdicts` with
+// the tokens to emit and returns how many drafted tokens were kept
+size_t verify(const host_target & tgt, host_drafter * drafter, host_stream & s, const std::vector<llama_token> & d,
+        int32_t row0, std::vector<llama_token> & verdicts) {
+    size_t n_acc = 0;
+    if (tgt.sampled() && drafter && drafter->drafts_sampled()) {
+        // rejection sampling against the sampled draft's q: lossless at any acceptance
+        llama_token token = LLAMA_TOKEN_NULL;
+        while (drafter->verify_step(s.seq, (int32_t) n_acc, s.smpl->apply(tgt, row0 + (int32_t) n_acc), token)) {
+            verdicts.push_back(token);
+            ++n_acc;
+        }
+        verdicts.push_back(token);
+        return n_acc;
+    }
+    // greedy: keep drafts equal to the argmax; sampled: equal to the token the
+    // chain draws at their row (sample-and-match, one draw per emitted token)
+    verdicts.push_back(host_pick(tgt, s, row0));
+    while (n_acc < d.size() && d[n_acc] == verdicts.back()) {
+        ++n_acc;
+        verdicts.push_back(host_pick(tgt, s, row0 + (int32_t) n_acc));
+    }
+    return n_acc;
+}
 
 void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
     // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
@@ -41,7 +67,8 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream
             for (size_t i : active) {
                 const host_stream & s = streams[i];
                 const int32_t left = tgt.params.n_predict - (int32_t) s.out.size();
-                reqs.push_back({ s.seq, s.id_last, s.n_past, std::min(tgt.params.n_max, std::max(left, 1)), &s.history });
+                reqs.push_back({ s.seq, s.id_last, s.n_past, std::min(tgt.params.n_max, std::max(left, 1)), &s.history,
+                        s.seed });
             }
             const int64_t t = host_time_us();
             drafter->draft(reqs, drafts);
@@ -70,12 +97,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream
             host_stream & s = streams[active[k]];
             const auto & d = drafts[k];
             std::vector<llama_token> verdicts;
-            size_t n_acc = 0;
-            verdicts.push_back(tgt.argmax(first_row[k]));
-            while (n_acc < d.size() && d[n_acc] == verdicts.back()) {
-                ++n_acc;
-                verdicts.push_back(tgt.argmax(first_row[k] + (int32_t) n_acc));
-            }
+            const size_t n_acc = verify(tgt, drafter, s, d, first_row[k], verdicts);
             stats.n_seq_steps += 1;
             stats.n_drafted   += (int64_t) d.size();
             stats.n_accepted  += (int64_t) n_acc;
@@ -109,7 +131,7 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
     gen.tokens.resize(prompts.size());
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
-        std::vector<host_stream> streams = host_wave(prompts, first, n_seq);
+        std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
         run_wave(tgt, drafter, streams, gen.stats);
         for (auto & s : streams) {
             gen.stats.n_generated += (int64_t) s.out.size();

@@ -1,8 +1,17 @@
 // A host of speculative decoding over libllama, the way llama-server drives it:
 // a target model and context, sequences decoded in parallel, one draft call for
-// every generating sequence, one target batch verifying all drafts, greedy
-// acceptance, rollback of the rejected tail. The drafter is pluggable: none
-// (target only), llama.cpp's own draft-dflash (libllama-common), or dflash2.
+// every generating sequence, one target batch verifying all drafts, acceptance,
+// rollback of the rejected tail. The drafter is pluggable: none (target only),
+// llama.cpp's own draft-dflash (libllama-common), or dflash2.
+//
+// Temperature 0: greedy target, drafts kept while they match the argmax.
+// Temperature T > 0: the target samples from p = the llama.cpp sampler chain
+// { temp(T), dist(seed) } (temperature only: no top-k/top-p/min-p/penalties), one
+// chain per prompt seeded with seed + prompt index. Target-only samples each
+// token from it; upstream drafts greedily and keeps a drafted token while the
+// token sampled at its position equals it (llama.cpp's sample-and-match, so its
+// output equals target-only's token for token); dflash2 drafts by sampling the
+// lattice and verifies losslessly with rejection sampling (verify_sampled_step).
 #pragma once
 
 #include "common.h"
@@ -26,6 +35,8 @@ struct host_params {
 
     std::string path_mmproj; // multimodal projector (--mmproj), for --image
     std::string path_image;  // an image put before the first prompt's text (--image)
+    float   temp      = 0.0f; // target sampling temperature (0: greedy)
+    int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
@@ -95,6 +106,7 @@ struct host_target {
 
     void        decode(common_batch & batch); // throws std::runtime_error
     llama_token argmax(int32_t i_batch) const;
+    bool        sampled() const { return params.temp > 0.0f; }
     bool        is_eog(llama_token id) const { return llama_vocab_is_eog(vocab, id); }
 };
 
@@ -104,6 +116,25 @@ struct draft_request {
     llama_pos                        pos;     // target position of id_last
     int32_t                          n_max;
     const std::vector<llama_token> * history; // prompt + generated so far
+    uint32_t                         seed;    // the sequence's sampling seed (used when sampled)
+};
+
+// p of one target row through the host's sampler chain (temp, dist), see above
+struct host_sampler {
+    llama_sampler *               chain = nullptr;
+    std::vector<llama_token_data> cur;
+    llama_token_data_array        cur_p = {};
+
+    host_sampler(float temp, uint32_t seed);
+    ~host_sampler();
+    host_sampler(const host_sampler &) = delete;
+    host_sampler & operator=(const host_sampler &) = delete;
+
+    // applies the chain to the logits of row i_batch: cur_p holds p (softmax
+    // after the temperature) and the token the chain drew (cur_p.selected)
+    const llama_token_data_array & apply(const host_target & tgt, int32_t i_batch);
+    // the token the chain draws from row i_batch
+    llama_token sample(const host_target & tgt, int32_t i_batch);
 };
 
 struct host_drafter {
@@ -115,6 +146,13 @@ struct host_drafter {
     virtual void process(const common_batch & batch) = 0;
     virtual void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) = 0;
     virtual void accept(llama_seq_id seq, int32_t n_accepted) = 0;
+
+    // true when the last draft of seq was sampled (it is then verified with
+    // verify_step, not by matching the target's samples)
+    virtual bool drafts_sampled() const { return false; }
+    // lossless verification of drafted position i against the target's p there;
+    // `token` receives what the host emits, true while the drafted token is kept
+    virtual bool verify_step(llama_seq_id seq, int32_t i, const llama_token_data_array & p, llama_token & token);
     // mirrors a target llama_memory_seq_rm
     virtual void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) = 0;
 

@@ -2,16 +2,25 @@
 
 #include <algorithm>
 
-std::vector<host_stream> host_wave(const std::vector<std::vector<llama_token>> & prompts, size_t first, size_t n_seq) {
+std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
+        size_t first, size_t n_seq) {
     std::vector<host_stream> streams;
     for (size_t i = first; i < std::min(prompts.size(), first + n_seq); ++i) {
         host_stream s;
         s.seq      = (llama_seq_id) (i - first);
         s.i_prompt = i;
         s.history  = prompts[i];
+        s.seed     = (uint32_t) tgt.params.seed + (uint32_t) i;
+        if (tgt.sampled()) {
+            s.smpl = std::make_unique<host_sampler>(tgt.params.temp, s.seed);
+        }
         streams.push_back(std::move(s));
     }
     return streams;
+}
+
+llama_token host_pick(const host_target & tgt, host_stream & s, int32_t i_batch) {
+    return tgt.sampled() ? s.smpl->sample(tgt, i_batch) : tgt.argmax(i_batch);
 }
 
 void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama_token> & emitted) {
@@ -40,7 +49,7 @@ void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_st
             drafter->process(batch);
         }
         for (auto [i, row] : last_rows) {
-            streams[i].id_last = tgt.argmax(row);
+            streams[i].id_last = host_pick(tgt, streams[i], row);
         }
         batch.clear();
         last_rows.clear();

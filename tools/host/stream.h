@@ -4,6 +4,7 @@
 
 #include "host.h"
 
+#include <memory>
 #include <vector>
 
 struct host_stream {
@@ -14,10 +15,17 @@ struct host_stream {
     llama_pos                n_past  = 0;
     llama_token              id_last = 0;
     bool                     done    = false;
+    uint32_t                 seed    = 0;
+    std::unique_ptr<host_sampler> smpl; // the target's sampler when it samples
 };
 
-// the streams of the wave of prompts [first, first + n_seq), sequence ids from 0
-std::vector<host_stream> host_wave(const std::vector<std::vector<llama_token>> & prompts, size_t first, size_t n_seq);
+// the streams of the wave of prompts [first, first + n_seq), sequence ids from 0,
+// prompt i seeded with params.seed + i
+std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
+        size_t first, size_t n_seq);
+
+// the target's token at a row: its argmax, or a draw from the stream's sampler chain
+llama_token host_pick(const host_target & tgt, host_stream & s, int32_t i_batch);
 
 // appends `emitted` to the stream, stopping at the end of generation
 void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama_token> & emitted);
