@@ -28,6 +28,8 @@ namespace dflash2 {
 using params          = llama_spec_dflash2_params;
 using row             = llama_spec_dflash2_row;
 using draft_request   = llama_spec_dflash2_draft_request;
+using tree_request    = llama_spec_dflash2_tree_request;
+using tree_node       = llama_spec_dflash2_tree_node;
 
 // a draft request: greedy (temperature 0, upstream's chain) unless a temperature
 // is given; a sampled draft needs the request's seed, and a draft temperature
@@ -146,6 +148,41 @@ struct engine {
         return out;
     }
 
+    // one tree draft call for every request; out[i] receives request i's tree (maybe empty)
+    void draft_tree(const std::vector<tree_request> & requests, std::vector<std::vector<tree_node>> & out) {
+        out.resize(requests.size());
+        if (requests.empty()) {
+            return;
+        }
+        int32_t capacity = 0;
+        for (const auto & r : requests) {
+            capacity += r.n_nodes > 0 ? r.n_nodes : n_max();
+        }
+        nodes.resize(capacity);
+        n_drafted.resize(requests.size());
+        check(llama_spec_dflash2_draft_tree(get(), requests.data(), (int32_t) requests.size(), nodes.data(), capacity,
+                n_drafted.data()), "draft_tree");
+        size_t at = 0;
+        for (size_t k = 0; k < requests.size(); ++k) {
+            out[k].assign(nodes.begin() + at, nodes.begin() + at + n_drafted[k]);
+            at += n_drafted[k];
+        }
+    }
+
+    // greedy verification of seq_id's tree from the target rows i_batch (anchor
+    // first) and its accept_tree(); emitted receives the accepted nodes' tokens
+    // and the next id_last, path the accepted node indices
+    void verify_tree_greedy(llama_seq_id seq_id, const std::vector<int32_t> & i_batch, std::vector<llama_token> & emitted,
+            std::vector<int32_t> & path) {
+        emitted.resize(i_batch.size());
+        path.resize(i_batch.size());
+        int32_t n_emitted = 0;
+        check(llama_spec_dflash2_verify_tree_greedy(get(), seq_id, i_batch.data(), (int32_t) i_batch.size(),
+                emitted.data(), (int32_t) emitted.size(), &n_emitted, path.data()), "verify_tree_greedy");
+        emitted.resize(n_emitted);
+        path.resize(n_emitted - 1);
+    }
+
     void accept(llama_seq_id seq_id, int32_t n_accepted) {
         check(llama_spec_dflash2_accept(get(), seq_id, n_accepted), "accept");
     }
@@ -221,6 +258,7 @@ private:
     // scratch of draft(), kept to avoid allocating every step
     std::vector<llama_token> tokens;
     std::vector<int32_t>     n_drafted;
+    std::vector<tree_node>   nodes;
 
     // llama_spec_dflash2_init reports no status: find it from the checks init
     // starts with (params, then the drafter against the target)

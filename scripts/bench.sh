@@ -10,8 +10,9 @@
 #
 # Drafter by default: ../shared/models/smollm2-135m-dflash2.gguf (trained) when present,
 # else ../shared/models/smollm2-135m-dflash2-random.gguf, else a generated one.
-# Other options are dflash2-bench's: --np 1,2,4 --reps N --n-predict N --n-max N
-# --prompts FILE --modes ar,upstream,dflash2 --threads N --json PATH --svg PATH
+# Other options are dflash2-bench's: --np 1,2,4 --reps N --n-predict N --n-max N --tree N
+# --prompts FILE --modes ar,upstream,dflash2,dflash2-adaptive,dflash2-tree,dflash2-auto --threads N
+# --json PATH --svg PATH
 # --temp T --seed S (T > 0: sampled target; upstream sample-and-match, dflash2
 # sampled drafts with lossless rejection sampling; see tools/host/host.h)
 set -euo pipefail

@@ -9,10 +9,18 @@
 //! verify rows. Everything here is measured online: acceptance per draft position
 //! and lattice-confidence bin, the host's verify time against the rows it
 //! verified, the draft decode time, the tokens per second of whole steps.
+//!
+//! On top of that marginal model, the two arms are compared directly: the
+//! tokens per second of the steps that drafted against those of the steps that
+//! did not. Where the drafting steps are measured slower, drafting stays off
+//! whatever the model expects (it never loses to not drafting by more than
+//! the rare exploring steps, at most one in `EXPLORE_LAST`).
 //! Pure bookkeeping: the engine reports what happened (with the time it
 //! happened) and asks; the policy keeps its own clocks.
 
 use std::time::Instant;
+
+use crate::tree::Tree;
 
 /// Confidence bins of the lattice softmax at a pick.
 const BINS: usize = 10;
@@ -26,7 +34,15 @@ const WARMUP_STEPS: u64 = 8;
 /// After this many steps without drafting, draft once to keep learning; the
 /// interval doubles each time the exploring draft confirms it did not pay.
 const EXPLORE_FIRST: u32 = 8;
-const EXPLORE_LAST: u32 = 64;
+const EXPLORE_LAST: u32 = 512;
+
+/// Most tokens a warm-up draft keeps: enough to see the verify cost at two row
+/// counts and the first positions' acceptance, cheap where drafting does not pay.
+const WARMUP_KEEP: usize = 2;
+
+/// Steps of each arm (drafting, not drafting) measured before the arms are
+/// compared.
+const ARM_MIN_STEPS: u32 = 4;
 
 fn bin(confidence: f32) -> usize {
     ((confidence.clamp(0.0, 1.0) * BINS as f32) as usize).min(BINS - 1)
@@ -85,6 +101,27 @@ impl Mean {
     }
 }
 
+/// Tokens per second of one kind of step: running means of tokens and of
+/// seconds (their ratio weighs long steps as they weigh in wall time).
+#[derive(Clone, Copy, Debug, Default)]
+struct ArmRate {
+    tokens: Mean,
+    seconds: Mean,
+    steps: u32,
+}
+
+impl ArmRate {
+    fn add(&mut self, tokens: usize, seconds: f64) {
+        self.tokens.add(tokens as f64);
+        self.seconds.add(seconds);
+        self.steps = self.steps.saturating_add(1);
+    }
+
+    fn rate(&self) -> Option<f64> {
+        (self.steps >= ARM_MIN_STEPS && self.seconds.value > 0.0).then(|| self.tokens.value / self.seconds.value)
+    }
+}
+
 /// The host's verify time as a + b * rows, fitted by weighted least squares.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CostModel {
@@ -92,6 +129,10 @@ pub struct CostModel {
     t: Mean,
     nn: Mean,
     nt: Mean,
+    /// The slope when rows last varied enough to tell: kept while drafting is
+    /// off and every verify is one row (the running variance then fades, the
+    /// cost of a row does not).
+    slope: Option<f64>,
 }
 
 impl CostModel {
@@ -101,15 +142,15 @@ impl CostModel {
         self.t.add(seconds);
         self.nn.add(n * n);
         self.nt.add(n * seconds);
+        let var = self.nn.value - self.n.value * self.n.value;
+        if var >= 0.25 {
+            self.slope = Some(((self.nt.value - self.n.value * self.t.value) / var).max(0.0));
+        }
     }
 
     /// Seconds per extra verified row, once rows have varied enough to tell.
     pub fn per_row(&self) -> Option<f64> {
-        let var = self.nn.value - self.n.value * self.n.value;
-        if !self.n.seen || var < 0.25 {
-            return None;
-        }
-        Some(((self.nt.value - self.n.value * self.t.value) / var).max(0.0))
+        self.slope
     }
 }
 
@@ -120,6 +161,13 @@ pub struct AdaptivePolicy {
     verify_cost: CostModel,
     draft_seconds: Mean,
     rate: Mean,
+    /// tokens per second of the steps that drafted and of those that did not
+    drafting: ArmRate,
+    plain: ArmRate,
+    /// whether the current step drafts (its time goes to that arm), and
+    /// whether only to keep learning (then each draft keeps one token at least)
+    step_drafts: bool,
+    exploring: bool,
     /// expected accepted tokens and kept length of the drafts chosen lately
     gain: Mean,
     kept: Mean,
@@ -143,6 +191,10 @@ impl AdaptivePolicy {
             verify_cost: CostModel::default(),
             draft_seconds: Mean::default(),
             rate: Mean::default(),
+            drafting: ArmRate::default(),
+            plain: ArmRate::default(),
+            step_drafts: false,
+            exploring: false,
             gain: Mean::default(),
             kept: Mean::default(),
             steps: 0,
@@ -164,7 +216,9 @@ impl AdaptivePolicy {
         }
         // every requesting sequence gains at least its anchor's successor this step
         self.step_tokens = n_requests;
-        self.should_draft(n_requests)
+        self.exploring = false;
+        self.step_drafts = self.should_draft(n_requests);
+        self.step_drafts
     }
 
     /// The noise-block decode took `seconds`.
@@ -212,18 +266,24 @@ impl AdaptivePolicy {
         }
         let gain = n_seqs as f64 * (self.gain.value - self.row_price() * self.kept.value);
         let cost = self.rate.value * self.draft_seconds.value;
-        if gain > cost {
+        if gain > cost && !self.drafting_measured_slower() {
             self.skipped_in_a_row = 0;
             self.explore_every = EXPLORE_FIRST;
             true
         } else if self.skipped_in_a_row >= self.explore_every {
             self.skipped_in_a_row = 0;
             self.explore_every = (self.explore_every * 2).min(EXPLORE_LAST);
+            self.exploring = true;
             true
         } else {
             self.skipped_in_a_row += 1;
             false
         }
+    }
+
+    /// The drafting steps were measured slower than the plain ones.
+    fn drafting_measured_slower(&self) -> bool {
+        matches!((self.drafting.rate(), self.plain.rate()), (Some(d), Some(p)) if d < p)
     }
 
     /// How many tokens of a walked draft to keep, given the lattice softmax of
@@ -243,7 +303,36 @@ impl AdaptivePolicy {
         }
         self.gain.add(expected);
         self.kept.add(kept as f64);
-        kept
+        self.bounded(kept, confidences.len())
+    }
+
+    /// A draft length chosen by the model, bounded while learning: a warm-up
+    /// draft keeps at most WARMUP_KEEP tokens, an exploring one at least one
+    /// (a draft of none would teach nothing).
+    fn bounded(&self, kept: usize, len: usize) -> usize {
+        let kept = if self.warm() { kept } else { kept.min(WARMUP_KEEP) };
+        if self.exploring { kept.max(1).min(len) } else { kept }
+    }
+
+    /// How many nodes of a grown tree to keep (its first k, a tree in best-
+    /// first order): the k that maximizes the expected accepted tokens minus
+    /// the price of k verify rows, each node reached with the product of the
+    /// measured acceptance at its depth and edge probability along its path.
+    /// A tree whose siblings do not pay is cut to its chain; one whose first
+    /// node does not, to nothing.
+    pub fn keep_tree(&mut self, tree: &Tree) -> usize {
+        let price = self.row_price();
+        let reach = tree.reach(|n| self.acceptance.p_accept(n.depth - 1, n.prob));
+        let (mut best, mut best_k, mut sum) = (0.0, 0, 0.0);
+        for (k, r) in reach.iter().enumerate() {
+            sum += r - price;
+            if sum > best {
+                (best, best_k) = (sum, k + 1);
+            }
+        }
+        self.gain.add(reach[..best_k].iter().sum());
+        self.kept.add(best_k as f64);
+        self.bounded(best_k, tree.len())
     }
 
     /// A whole step: `tokens` gained by all sequences in `seconds` of wall time.
@@ -251,6 +340,8 @@ impl AdaptivePolicy {
         if seconds > 0.0 {
             self.rate.add(tokens as f64 / seconds);
             self.steps += 1;
+            let arm = if self.step_drafts { &mut self.drafting } else { &mut self.plain };
+            arm.add(tokens, seconds);
         }
     }
 }
@@ -286,6 +377,11 @@ mod tests {
         }
         let b = c.per_row().unwrap();
         assert!((b - 0.003).abs() < 3e-4, "{b}");
+        // one-row verifies only (drafting off): the slope stays known
+        for _ in 0..1000 {
+            c.observe(1, 0.011);
+        }
+        assert!(c.per_row().is_some_and(|x| (x - b).abs() < 1e-3), "{:?}", c.per_row());
     }
 
     fn warmed(rate: f64, per_row: f64, draft: f64) -> AdaptivePolicy {
@@ -319,10 +415,24 @@ mod tests {
     }
 
     #[test]
-    fn warm_up_alternates_drafting_and_not_until_the_costs_are_known() {
+    fn warm_up_alternates_short_drafts_and_none_until_the_costs_are_known() {
         let mut p = AdaptivePolicy::new(7);
         let decisions: Vec<bool> = (0..4).map(|_| p.should_draft(1)).collect();
         assert_eq!(decisions, vec![true, false, true, false]);
+        assert_eq!(p.keep(&[0.9; 7]), WARMUP_KEEP);
+    }
+
+    #[test]
+    fn an_exploring_step_drafts_a_token_even_when_none_is_expected_to_pay() {
+        let mut p = warmed(170.0, 0.003, 0.007);
+        for _ in 0..100 {
+            p.acceptance.observe(&[0.3; 7], 0);
+            p.keep(&[0.3; 7]);
+        }
+        assert_eq!(p.keep(&[0.3; 7]), 0);
+        while !p.begin_step(Instant::now(), 1) {}
+        assert!(p.exploring);
+        assert_eq!(p.keep(&[0.3; 7]), 1);
     }
 
     #[test]
@@ -350,8 +460,63 @@ mod tests {
             p.acceptance.observe(&[0.3; 7], 0);
             p.keep(&[0.3; 7]);
         }
-        // explores after 8 skipped steps, then 16, 32, 64, 64, ...
-        let drafted: Vec<usize> = (0..300).filter(|_| p.should_draft(1)).collect();
-        assert_eq!(drafted, vec![8, 25, 58, 123, 188, 253], "{drafted:?}");
+        // explores after 8 skipped steps, then 16, 32, ..., 512, 512, ...
+        let drafted: Vec<usize> = (0..2000).filter(|_| p.should_draft(1)).collect();
+        assert_eq!(drafted, vec![8, 25, 58, 123, 252, 509, 1022, 1535], "{drafted:?}");
+    }
+
+    fn node(parent: i32, depth: usize, prob: f32) -> crate::tree::Node {
+        // distinct tokens for siblings: the probability's bits will do
+        crate::tree::Node { token: (prob * 100.0) as i32, parent, depth, prob, path_prob: prob, candidate: 0 }
+    }
+
+    #[test]
+    fn trees_are_cut_to_the_nodes_that_pay_for_their_rows() {
+        // best-first: a confident chain 0 -> 1, then a weak sibling of node 0
+        let tree = Tree::from_nodes(vec![node(-1, 1, 0.9), node(0, 2, 0.9), node(-1, 1, 0.05)]).unwrap();
+        // rows nearly free: every node pays
+        let mut cheap = warmed(50.0, 1e-6, 0.002);
+        assert_eq!(cheap.keep_tree(&tree), 3);
+        // rows at a third of a token: the weak sibling does not pay; the tree is its chain
+        let mut dear = warmed(50.0, 0.006, 0.002);
+        for _ in 0..100 {
+            dear.acceptance.observe(&[0.9, 0.9, 0.9], 3);
+            dear.acceptance.observe(&[0.05], 0);
+        }
+        assert_eq!(dear.keep_tree(&tree), 2);
+        // a weak node before a strong one is kept when the strong one pays for both
+        let deep = Tree::from_nodes(vec![node(-1, 1, 0.9), node(-1, 1, 0.05), node(0, 2, 0.9)]).unwrap();
+        assert_eq!(dear.keep_tree(&deep), 3);
+        // and a first node that does not pay leaves no tree
+        let weak = Tree::from_nodes(vec![node(-1, 1, 0.05)]).unwrap();
+        assert_eq!(dear.keep_tree(&weak), 0);
+    }
+
+    #[test]
+    fn drafting_measured_slower_than_not_drafting_stays_off() {
+        // the model expects drafting to pay (cheap rows, accepted drafts) ...
+        let mut p = warmed(50.0, 1e-5, 0.002);
+        for _ in 0..100 {
+            p.acceptance.observe(&[0.9; 7], 7);
+            p.keep(&[0.9; 7]);
+        }
+        assert!(p.should_draft(1));
+        // ... but the steps that drafted were measured at 30 tok/s, the others at 50
+        for _ in 0..ARM_MIN_STEPS {
+            p.step_drafts = true;
+            p.observe_step(3, 0.1);
+            p.step_drafts = false;
+            p.observe_step(1, 0.02);
+        }
+        assert!(p.drafting_measured_slower());
+        let drafted = (0..100).filter(|_| p.should_draft(1)).count();
+        assert!(drafted <= 3, "drafted {drafted} of 100 steps");
+        // once drafting steps measure faster again, it drafts
+        for _ in 0..200 {
+            p.step_drafts = true;
+            p.observe_step(6, 0.05);
+        }
+        assert!(!p.drafting_measured_slower());
+        assert!(p.should_draft(1));
     }
 }

@@ -365,6 +365,23 @@ impl Tree {
         reach
     }
 
+    /// Keeps the first `n` nodes (in tree order they form a tree).
+    pub fn truncate(&mut self, n: usize) {
+        self.nodes.truncate(n);
+    }
+
+    /// The edge probabilities along an accepted `path`, then, when the path's
+    /// last node (or the anchor) has children, its first (most probable)
+    /// child's: the draft positions the target reached, in the form of a
+    /// chain's confidences for `crate::adaptive`.
+    pub fn path_confidences(&self, path: &[usize]) -> Vec<f32> {
+        let mut out: Vec<f32> = path.iter().map(|&i| self.nodes[i].prob).collect();
+        if let Some(next) = self.children(path.last().copied()).next() {
+            out.push(self.nodes[next].prob);
+        }
+        out
+    }
+
     /// Expected accepted tokens (the bonus token not counted) under the
     /// lattice's own estimate, P(node accepted | parent accepted) = its edge
     /// probability: the sum of the path probabilities. For greedy trees;

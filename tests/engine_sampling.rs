@@ -508,17 +508,8 @@ fn fixture_pair_at_t_1_top_k_40_verified_by_steps_emits_the_target_distribution_
     check("fixture T=1.0 top-k 40 steps", &o, false);
 }
 
-/// The trained SmolLM2 drafter in ../shared/models, else a generated one.
 fn smollm2_drafter(target: &Path) -> PathBuf {
-    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/smollm2-135m-dflash2.gguf");
-    if trained.exists() {
-        return trained;
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("smol-sampling-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let drafter = dir.join("drafter.gguf");
-    dflash2_fixtures::drafter_for_target(target, &drafter, &Default::default()).unwrap();
-    drafter
+    common::smollm2_drafter(target)
 }
 
 fn chat(question: &str) -> String {

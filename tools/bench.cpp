@@ -63,6 +63,12 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
     return nullptr;
 }
 
+// modes whose host verifies trees: dflash2-tree (whole trees), dflash2-auto (the
+// adaptive controller: no draft, a chain or a tree each step)
+bool is_tree(const std::string & mode) {
+    return mode == "dflash2-tree" || mode == "dflash2-auto";
+}
+
 std::vector<std::string> split(const std::string & s) {
     std::vector<std::string> out;
     std::stringstream ss(s);
@@ -153,8 +159,17 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
         if (x) {
             printf(", dflash2-adaptive/upstream %.3f, dflash2-adaptive/ar %.3f", ratio(x, u), ratio(x, a));
         }
+        const mode_result * tr = find(results, "dflash2-tree", np);
+        if (tr) {
+            printf(", dflash2-tree/dflash2 %.3f (tau %.3f), dflash2-tree/ar %.3f", ratio(tr, d),
+                    d && d->median().tau() > 0 ? tr->median().tau() / d->median().tau() : 0.0, ratio(tr, a));
+        }
+        const mode_result * au = find(results, "dflash2-auto", np);
+        if (au) {
+            printf(", dflash2-auto/ar %.3f, dflash2-auto/dflash2 %.3f", ratio(au, a), ratio(au, d));
+        }
         printf("\n");
-        for (const auto * r : { u, d, x }) {
+        for (const auto * r : { u, d, x, tr, au }) {
             if (!r) {
                 continue;
             }
@@ -237,6 +252,9 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ratio(find(results, "upstream", np), find(results, "ar", np)) << ", \"dflash2_adaptive_over_upstream\": "
             << ratio(find(results, "dflash2-adaptive", np), find(results, "upstream", np))
             << ", \"dflash2_adaptive_over_ar\": " << ratio(find(results, "dflash2-adaptive", np), find(results, "ar", np))
+            << ", \"dflash2_tree_over_dflash2\": " << ratio(find(results, "dflash2-tree", np), find(results, "dflash2", np))
+            << ", \"dflash2_tree_over_ar\": " << ratio(find(results, "dflash2-tree", np), find(results, "ar", np))
+            << ", \"dflash2_auto_over_ar\": " << ratio(find(results, "dflash2-auto", np), find(results, "ar", np))
             << "}" << (k + 1 < nps.size() ? "," : "") << "\n";
     }
     out << "  ]\n}\n";
@@ -309,16 +327,22 @@ void write_svg(const std::string & path, const std::vector<mode_result> & result
 
 int main(int argc, char ** argv) {
     try {
-        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg" });
+        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree" });
         if (!args.flags.empty()) {
             throw std::runtime_error("unknown option " + args.flags[0]);
         }
         const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
         for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive") {
-                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive)");
+            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m)) {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto)");
             }
         }
+        if (args.params.temp > 0.0f && std::any_of(modes.begin(), modes.end(), is_tree)) {
+            throw std::runtime_error("the tree modes verify greedily: run them at --temp 0");
+        }
+        // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
+        const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
+                                                           : args.params.n_max;
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
         const std::string path_json = args.values.count("--json") ? args.values["--json"] : "bench.json";
         const std::string path_svg  = args.values.count("--svg") ? args.values["--svg"] : "bench.svg";
@@ -347,6 +371,13 @@ int main(int argc, char ** argv) {
             // the target-only output every run is compared with
             tgt.reset_context(np);
             const std::vector<std::vector<llama_token>> reference = host_generate(tgt, nullptr, prompts).tokens;
+            // trees verify in a unified KV cache, which at np > 1 rounds differently from the split
+            // cache of the other modes: their outputs are compared with target-only on a context like theirs
+            std::vector<std::vector<llama_token>> reference_tree;
+            if (std::any_of(modes.begin(), modes.end(), is_tree)) {
+                tgt.reset_context(np, host_tree_seq_ids(np, n_tree));
+                reference_tree = host_generate(tgt, nullptr, prompts).tokens;
+            }
             for (auto & r : at_np) {
                 r.identical.assign(prompts.size(), true);
             }
@@ -354,12 +385,21 @@ int main(int argc, char ** argv) {
                 // rotate the order so that no mode always runs first
                 for (size_t k = 0; k < modes.size(); ++k) {
                     mode_result & r = at_np[(k + rep) % modes.size()];
-                    tgt.reset_context(np);
-                    auto drafter = make_drafter(r.mode, tgt);
-                    host_generation gen = host_generate(tgt, drafter.get(), prompts);
+                    host_generation gen;
+                    if (is_tree(r.mode)) {
+                        tgt.reset_context(np, host_tree_seq_ids(np, n_tree));
+                        gen = host_generate_tree(tgt, n_tree, n_tree,
+                                r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
+                                prompts);
+                    } else {
+                        tgt.reset_context(np);
+                        auto drafter = make_drafter(r.mode, tgt);
+                        gen = host_generate(tgt, drafter.get(), prompts);
+                    }
                     r.runs.push_back(gen.stats);
                     for (size_t i = 0; i < prompts.size(); ++i) {
-                        r.identical[i] = r.identical[i] && gen.tokens[i] == reference[i];
+                        const auto & want = is_tree(r.mode) ? reference_tree[i] : reference[i];
+                        r.identical[i] = r.identical[i] && gen.tokens[i] == want;
                     }
                     fprintf(stderr, "np=%d rep %d %-8s %.1f tok/s\n", np, rep, r.mode.c_str(), gen.stats.tokens_per_s());
                 }
@@ -381,7 +421,8 @@ int main(int argc, char ** argv) {
         printf("\nwrote %s and %s\n", path_json.c_str(), path_svg.c_str());
         return 0;
     } catch (const std::exception & e) {
-        fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2 (default all)\n"
+        fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
+                " dflash2-tree, dflash2-auto\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
                 e.what(), host_args_usage());

@@ -13,9 +13,9 @@ use crate::sys::DraftContext;
 
 /// A request's noise block in the draft batch.
 #[derive(Clone, Copy)]
-struct Block {
+pub(super) struct Block {
     /// Index of the request.
-    request: usize,
+    pub request: usize,
     seq: i32,
     /// Draft position of the block's anchor.
     anchor: i32,
@@ -43,7 +43,7 @@ impl Engine {
     }
 
     /// Checks a draft call before anything changes.
-    fn check_requests(&self, reqs: &[Request], n_tokens: usize, n_lengths: usize) -> Result<()> {
+    pub(super) fn check_requests(&self, reqs: &[Request], n_tokens: usize, n_lengths: usize) -> Result<()> {
         let mut seen = vec![false; self.seqs.len()];
         for r in reqs {
             let s = self.seq_index(r.seq)?;
@@ -76,8 +76,9 @@ impl Engine {
             if let Some(n) = self.seqs[r.seq as usize].outstanding.as_ref().map(|o| o.tokens.len()).filter(|&n| n > 0) {
                 return Err(Error::invalid_state(format!(
                     "sequence {}: the previous draft ({n} tokens) was never accepted; call \
-                     llama_spec_dflash2_accept() after verifying it (or llama_spec_dflash2_seq_clear() to drop it)",
-                    r.seq
+                     llama_spec_dflash2_{}() after verifying it (or llama_spec_dflash2_seq_clear() to drop it)",
+                    r.seq,
+                    if self.seqs[r.seq as usize].tree().is_some() { "accept_tree" } else { "accept" }
                 )));
             }
         }
@@ -98,7 +99,11 @@ impl Engine {
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
         }
-        self.flush()?;
+        if drafting {
+            // not drafting, the rows wait: process() injects them 64 at a time,
+            // far cheaper per row than a small injection decode every step
+            self.flush()?;
+        }
 
         let width = if drafting { reqs.iter().map(|r| self.request_cap(r)).max().unwrap_or(0) + 1 } else { 0 };
         let blocks = if drafting { self.fill_noise_batch(reqs, width)? } else { Vec::new() };
@@ -126,7 +131,7 @@ impl Engine {
 
     /// Puts [id_last, mask, mask, ...] of `width` rows for every request whose
     /// sequence has room into the draft batch, in sequence order.
-    fn fill_noise_batch(&mut self, reqs: &[Request], width: usize) -> Result<Vec<Block>> {
+    pub(super) fn fill_noise_batch(&mut self, reqs: &[Request], width: usize) -> Result<Vec<Block>> {
         let mut order: Vec<usize> = (0..reqs.len()).collect();
         order.sort_by_key(|&i| reqs[i].seq);
         let n_ctx_seq = self.ctx.n_ctx_seq() as i32;
@@ -148,33 +153,16 @@ impl Engine {
         Ok(blocks)
     }
 
-    /// Decodes the noise blocks and walks each block's lattice; the blocks
-    /// leave the draft KV before this returns, whatever happens.
+    /// Decodes the noise blocks and walks each block's lattice with the
+    /// request's walk (greedy or sampled, then the adaptive walk's cut).
     fn decode_and_walk(&mut self, reqs: &[Request], blocks: Vec<Block>, width: usize) -> Result<Vec<Walked>> {
         let modes = reqs.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
         let mut drafts: Vec<Walked> = modes.iter().map(|&m| Walked::empty(m)).collect();
-        if blocks.is_empty() {
-            return Ok(drafts);
-        }
         let caps: Vec<usize> = reqs.iter().map(|r| self.request_cap(r)).collect();
-        let noise = NoiseBlocks { ctx: &self.ctx, blocks };
+        let lattices = self.decode_noise(blocks, width)?;
 
         let t = Instant::now();
-        let decoded = noise.ctx.decode(&self.batch);
-        self.stats.t_draft_us += us_since(t);
-        if let Some(policy) = self.policy.as_mut() {
-            policy.draft_decode_seen(t.elapsed().as_secs_f64());
-        }
-        decoded
-            .map_err(|rc| Error::backend(format!("draft noise-block decode failed (llama_process returned {rc})")))?;
-
-        let t = Instant::now();
-        let n_rows = noise.blocks.len() * width;
-        let lattice = noise.ctx.lattice(n_rows).ok_or_else(|| Error::backend("the drafter produced no lattice"))?;
-        let row = width * self.n_embd_draft;
-        for (b, block) in noise.blocks.iter().enumerate() {
-            let lattice = Lattice::new(&lattice[b * row..(b + 1) * row], self.n_embd_draft, self.top_k)
-                .expect("the checkpoint check guarantees n_embd >= k(k+1)");
+        for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
             let limits = WalkLimits { n_max: caps[block.request], n_min: self.limits.n_min, p_min: self.limits.p_min };
             let rng = &mut self.seqs[block.seq as usize].rng;
             let mut picks = sampled::walk(&lattice, limits, self.n_vocab, modes[block.request], block.seq, rng)?;
@@ -185,5 +173,49 @@ impl Engine {
         }
         self.stats.t_walk_us += us_since(t);
         Ok(drafts)
+    }
+
+    /// The one noise-block decode of a draft call, shared by the chain and the
+    /// tree: decodes the blocks (`width` rows each, from `fill_noise_batch`)
+    /// and copies their lattices out (a few KiB: the walks then borrow the
+    /// engine freely). The blocks leave the draft KV before this returns,
+    /// whatever happens.
+    pub(super) fn decode_noise(&mut self, blocks: Vec<Block>, width: usize) -> Result<NoiseLattices> {
+        let mut out = NoiseLattices { blocks: blocks.clone(), rows: Vec::new(), per_block: width * self.n_embd_draft };
+        if blocks.is_empty() {
+            return Ok(out);
+        }
+        let noise = NoiseBlocks { ctx: &self.ctx, blocks };
+
+        let t = Instant::now();
+        let decoded = noise.ctx.decode(&self.batch);
+        self.stats.t_draft_us += us_since(t);
+        if let Some(policy) = self.policy.as_mut() {
+            policy.draft_decode_seen(t.elapsed().as_secs_f64());
+        }
+        decoded
+            .map_err(|rc| Error::backend(format!("draft noise-block decode failed (llama_process returned {rc})")))?;
+        let n_rows = noise.blocks.len() * width;
+        let rows = noise.ctx.lattice(n_rows).ok_or_else(|| Error::backend("the drafter produced no lattice"))?;
+        out.rows = rows.to_vec();
+        Ok(out)
+    }
+}
+
+/// The lattices of one noise-block decode, block by block.
+pub(super) struct NoiseLattices {
+    blocks: Vec<Block>,
+    rows: Vec<f32>,
+    /// Floats per block: width rows of n_embd.
+    per_block: usize,
+}
+
+impl NoiseLattices {
+    pub fn iter(&self, n_embd: usize, top_k: usize) -> impl Iterator<Item = (Block, Lattice<'_>)> {
+        self.blocks.iter().enumerate().map(move |(b, &block)| {
+            let rows = &self.rows[b * self.per_block..(b + 1) * self.per_block];
+            let lattice = Lattice::new(rows, n_embd, top_k).expect("the checkpoint check guarantees n_embd >= k(k+1)");
+            (block, lattice)
+        })
     }
 }

@@ -37,7 +37,8 @@ impl Engine {
         for r in rows {
             let (n, last) = &mut seen[r.seq as usize];
             if let Some(last) = *last {
-                if r.pos < last {
+                // a tree's verify rows share positions (siblings): check_tree_rows
+                if r.pos < last && !self.seqs[r.seq as usize].holds_tree() {
                     return Err(Error::invalid_state(format!(
                         "sequence {}: a row at position {} after one at {last}: positions went back without \
                          llama_spec_dflash2_seq_rm(); after verifying a draft call llama_spec_dflash2_accept(), \
@@ -49,6 +50,7 @@ impl Engine {
             *last = Some(r.pos);
             *n += 1;
         }
+        self.check_tree_rows(rows)?;
         for (s, q) in self.seqs.iter().enumerate() {
             let incoming = seen[s].0;
             if incoming > 0 && q.holds_rows() && q.held.len() + incoming > q.verify_rows() {
@@ -161,6 +163,11 @@ impl Engine {
         let Some(o) = q.outstanding.as_ref() else {
             return Err(Error::invalid_state(format!("accept() on sequence {seq}, which has no draft to accept")));
         };
+        if o.tree.is_some() {
+            return Err(Error::invalid_state(format!(
+                "sequence {seq}'s draft is a tree: call llama_spec_dflash2_accept_tree()"
+            )));
+        }
         let n_drafted = o.tokens.len();
         if n_accepted < 0 || n_accepted as usize > n_drafted {
             return Err(Error::invalid(format!("accept({seq}, {n_accepted}): the draft has {n_drafted} tokens")));

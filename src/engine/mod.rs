@@ -6,7 +6,8 @@
 //!
 //! This file holds the engine and what it reports; each step lives in its own
 //! file: `feed` (target rows in: process, accept), `draft_step`, `verify`,
-//! `memory` (the host's memory operations), `state` (save and restore).
+//! `memory` (the host's memory operations), `state` (save and restore),
+//! `tree_step` (tree drafts over the same decode, accept_tree).
 
 mod claim;
 mod draft_step;
@@ -20,6 +21,7 @@ mod setup;
 mod state;
 mod state_blob;
 pub mod stats;
+mod tree_step;
 mod verify;
 
 use std::path::Path;
@@ -34,6 +36,7 @@ pub use estimate::{MemoryEstimate, estimate_memory};
 use sequence::Sequence;
 pub use setup::Limits;
 use stats::Stats;
+pub use tree_step::TreeRequest;
 
 /// A row of the batch the target just decoded.
 #[derive(Clone, Copy, Debug)]

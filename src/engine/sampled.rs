@@ -154,7 +154,7 @@ impl Walked {
             Walked::Greedy(_) => None,
             Walked::Sampled(picks) => Some(SampledDraft { picks, next: 0, verdict: None }),
         };
-        Outstanding { tokens, confidences, after_target, sampled }
+        Outstanding { tokens, confidences, after_target, sampled, tree: None }
     }
 }
 

@@ -5,6 +5,7 @@
 use super::row_queue::RowQueue;
 use super::sampled::{SampledDraft, SeqRng};
 use crate::positions::{KvEdit, SeqMap, TargetRange};
+use crate::tree::Tree;
 
 /// The last draft handed to the host, not yet accepted.
 #[derive(Clone, Debug, Default)]
@@ -17,6 +18,10 @@ pub struct Outstanding {
     pub after_target: Option<i32>,
     /// A sampled draft's q and verification progress (None: greedy).
     pub sampled: Option<SampledDraft>,
+    /// A tree draft (`tree_step`): `tokens` are its nodes' in tree order, its
+    /// verify rows the anchor's then one per node in that order, and only
+    /// accept_tree() settles it.
+    pub tree: Option<Tree>,
 }
 
 pub struct Sequence {
@@ -52,6 +57,16 @@ impl Sequence {
         self.outstanding.as_ref().map_or(0, |o| if o.tokens.is_empty() { 0 } else { o.tokens.len() + 1 })
     }
 
+    /// The outstanding draft's tree, if it is one.
+    pub fn tree(&self) -> Option<&Tree> {
+        self.outstanding.as_ref().and_then(|o| o.tree.as_ref())
+    }
+
+    /// Rows arriving now are verify rows of a tree (of one node or more).
+    pub fn holds_tree(&self) -> bool {
+        self.holds_rows() && self.tree().is_some()
+    }
+
     /// Target position of the newest committed row.
     pub fn last_target_pos(&self) -> Option<i32> {
         self.queued.last_target().or(self.map.last_target_pos())
@@ -83,6 +98,20 @@ impl Sequence {
         dropped
     }
 
+    /// Commits the held rows at indices `rows` (ascending: a tree's anchor row
+    /// and its accepted path), drops the others and closes the draft; returns
+    /// how many rows were dropped.
+    pub fn resolve_held_rows(&mut self, rows: &[usize]) -> usize {
+        let kept: Vec<usize> = rows.iter().copied().filter(|&i| i < self.held.len()).collect();
+        for &i in &kept {
+            self.queued.push(self.held.targets()[i], self.held.row(i));
+        }
+        let dropped = self.held.len() - kept.len();
+        self.held.clear();
+        self.outstanding = None;
+        dropped
+    }
+
     /// The first `n` queued rows went into the draft KV.
     pub fn injected(&mut self, n: usize) {
         self.map.inject(&self.queued.targets()[..n]);
@@ -93,11 +122,13 @@ impl Sequence {
     /// edits to apply. Removing every position from the outstanding draft's
     /// anchor on cancels that draft: none of its verify rows can remain.
     pub fn remove(&mut self, range: TargetRange, can_shift: bool) -> Vec<KvEdit> {
+        // a tree's held rows are its nodes by index: losing any of them loses the tree
+        let breaks_tree = self.tree().is_some() && self.held.targets().iter().any(|&t| range.contains(t));
         let edits = self.map.remove(range, can_shift);
         self.queued.remove(range);
         self.held.remove(range);
         let anchor = self.outstanding.as_ref().map(|o| o.after_target.map_or(0, |t| t.saturating_add(1)));
-        if anchor.is_some_and(|a| range.p0 <= a && range.p1 == i32::MAX) {
+        if breaks_tree || anchor.is_some_and(|a| range.p0 <= a && range.p1 == i32::MAX) {
             self.held.clear();
             self.outstanding = None;
         }

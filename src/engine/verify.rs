@@ -5,7 +5,7 @@ use super::Engine;
 use crate::error::{Error, Result};
 
 /// Index of the first maximum (a host's greedy sampler with `>`).
-fn argmax(logits: &[f32]) -> i32 {
+pub(super) fn argmax(logits: &[f32]) -> i32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate().skip(1) {
         if l > logits[best] {
@@ -55,6 +55,11 @@ impl Engine {
         let Some(o) = self.seqs[s].outstanding.as_ref() else {
             return Err(Error::invalid_state(format!("verify on sequence {seq}, which has no draft to verify")));
         };
+        if o.tree.is_some() {
+            return Err(Error::invalid_state(format!(
+                "sequence {seq}'s draft is a tree: call llama_spec_dflash2_verify_tree_greedy()"
+            )));
+        }
         let n_drafted = o.tokens.len();
         if i_batch.len() != n_drafted + 1 {
             return Err(Error::invalid(format!(

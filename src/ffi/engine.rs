@@ -120,8 +120,9 @@ pub unsafe extern "C" fn llama_spec_dflash2_free(spec: *mut llama_spec_dflash2) 
 /// no target decode yet; more rows for a sequence than its outstanding draft's
 /// verify batch (the host skipped accept()); a row whose position is below the
 /// sequence's newest row (positions may repeat, as for M-RoPE image rows, but
-/// not go back without llama_spec_dflash2_seq_rm). Any error is found before
-/// anything changes.
+/// not go back without llama_spec_dflash2_seq_rm; a tree's verify rows follow
+/// llama_spec_dflash2_draft_tree instead). Any error is found before anything
+/// changes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_process(
     spec: *mut llama_spec_dflash2,

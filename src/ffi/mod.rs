@@ -16,7 +16,7 @@ mod boundary;
 mod log;
 
 // In the order of dflash2.h: the library, drafter files, the engine, sampled
-// drafts, its sequences, its statistics.
+// drafts, tree drafts, its sequences, its statistics.
 mod library;
 
 mod checkpoint;
@@ -24,6 +24,8 @@ mod checkpoint;
 mod engine;
 
 mod sampling;
+
+mod tree;
 
 mod sequence;
 
@@ -35,6 +37,7 @@ pub use library::*;
 pub use sampling::*;
 pub use sequence::*;
 pub use stats::*;
+pub use tree::*;
 
 // The C-visible types and constants defined next to the code that uses them.
 pub use crate::error::llama_spec_dflash2_status;

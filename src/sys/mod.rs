@@ -14,7 +14,7 @@ mod target;
 pub use bindings::*;
 pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, MemoryUse, ModelLoad};
 pub use model::target_facts;
-pub use target::TargetContext;
+pub use target::{TargetContext, TreeRoom};
 
 // The shim in csrc/llama_ext_shim.cpp; each wrapper catches C++ exceptions.
 unsafe extern "C" {

@@ -6,6 +6,21 @@ use std::ptr::NonNull;
 use super::*;
 use crate::checkpoint::TargetFacts;
 
+/// The target context's limits on tree verification.
+#[derive(Clone, Copy, Debug)]
+pub struct TreeRoom {
+    /// KV cells of the whole context.
+    pub n_ctx: u32,
+    /// Sequence ids the context accepts (0 .. n_seq_max).
+    pub n_seq_max: u32,
+    /// One KV stream for every sequence (`kv_unified`, or a single sequence):
+    /// rows with several sequence ids are only accepted then.
+    pub unified: bool,
+    /// Pure attention memory: a cell may belong to several sequences. Recurrent
+    /// and hybrid targets keep one state per sequence and cannot branch.
+    pub branching: bool,
+}
+
 /// A host-owned `llama_context` that outlives the engine (the host's contract).
 pub struct TargetContext {
     ctx: NonNull<llama_context>,
@@ -56,6 +71,24 @@ impl TargetContext {
     pub fn n_batch(&self) -> u32 {
         // SAFETY: live context.
         unsafe { llama_n_batch(self.ctx.as_ptr()) }
+    }
+
+    /// What the context offers a draft tree's verify batch (`engine::tree_step`).
+    pub fn tree_room(&self) -> TreeRoom {
+        let ctx = self.ctx.as_ptr();
+        // SAFETY: live context and its live model.
+        unsafe {
+            let n_ctx = llama_n_ctx(ctx);
+            let n_seq_max = llama_n_seq_max(ctx);
+            let model = self.model();
+            TreeRoom {
+                n_ctx,
+                n_seq_max,
+                // the per-sequence streams of a split cache each get n_ctx / n_seq_max
+                unified: n_seq_max <= 1 || llama_n_ctx_seq(ctx) >= n_ctx,
+                branching: !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model),
+            }
+        }
     }
 
     pub fn n_threads(&self) -> (i32, i32) {

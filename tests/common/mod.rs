@@ -35,6 +35,23 @@ pub fn smollm2() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
+/// The trained SmolLM2 drafter in ../shared/models, else one generated for
+/// `target` (random weights: lossless checks hold, acceptance is near zero).
+#[allow(dead_code)]
+pub fn smollm2_drafter(target: &Path) -> PathBuf {
+    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/smollm2-135m-dflash2.gguf");
+    if trained.exists() {
+        return trained;
+    }
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("smol-drafter-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let drafter = dir.join("drafter.gguf");
+    if !drafter.exists() {
+        dflash2_fixtures::drafter_for_target(target, &drafter, &Default::default()).unwrap();
+    }
+    drafter
+}
+
 unsafe extern "C" fn quiet_log(_level: sys::ggml_log_level, _text: *const c_char, _ud: *mut c_void) {}
 
 pub fn init_backend() {

@@ -96,8 +96,9 @@ struct host_target {
     ~host_target();
 
     // a fresh context for n_seq parallel sequences (0: keep params.n_seq);
-    // drafters attach to it, so each mode gets its own
-    void reset_context(int32_t n_seq = 0);
+    // drafters attach to it, so each mode gets its own. n_seq_ids > 0: a unified
+    // KV cache with that many sequence ids (tree verification)
+    void reset_context(int32_t n_seq = 0, int32_t n_seq_ids = 0);
 
     std::string              chat_text(const std::string & user_message) const; // the chat template applied
     std::vector<llama_token> tokenize_chat(const std::string & user_message) const;
@@ -171,6 +172,15 @@ struct host_generation {
 
 // generates for every prompt, n_seq prompts at a time in parallel; drafter NULL = target only
 host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts);
+
+// dflash2 tree drafts of at most n_nodes nodes and n_leaves leaves per step,
+// verified in one target batch per step (generate-tree.cpp); the target context
+// needs reset_context(np, host_tree_seq_ids(np, n_leaves)). walk: an enum
+// llama_spec_dflash2_walk value (adaptive: the controller picks no draft, a
+// chain or a tree each step)
+host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
+        const std::vector<std::vector<llama_token>> & prompts);
+int32_t         host_tree_seq_ids(int32_t np, int32_t n_leaves);
 
 // mixed instruction prompts (code, math, prose, lists, JSON)
 const std::vector<std::string> & host_builtin_prompts();

@@ -50,7 +50,7 @@ host_target::~host_target() {
     llama_model_free(model);
 }
 
-void host_target::reset_context(int32_t n_seq) {
+void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     if (n_seq > 0) {
         params.n_seq = n_seq;
     }
@@ -59,10 +59,10 @@ void host_target::reset_context(int32_t n_seq) {
     cparams.n_ctx           = params.n_ctx;
     cparams.n_batch         = params.n_batch;
     cparams.n_ubatch        = params.n_batch;
-    cparams.n_seq_max       = params.n_seq;
+    cparams.n_seq_max       = n_seq_ids > 0 ? n_seq_ids : params.n_seq;
     cparams.n_threads       = params.n_threads;
     cparams.n_threads_batch = params.n_threads;
-    cparams.kv_unified      = params.n_seq == 1;
+    cparams.kv_unified      = params.n_seq == 1 || n_seq_ids > 0;
     cparams.no_perf         = false;
     // a recurrent or hybrid target (qwen35, ...) rolls the rejected drafts of a
     // verify batch back through this many state snapshots; drafts never exceed n_max

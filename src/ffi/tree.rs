@@ -1,0 +1,239 @@
+//! Tree drafts in the C API: draft a tree per sequence from the one
+//! noise-block decode, verify it in one target batch, accept a path.
+
+use super::boundary::{count, engine_status, output, slice, slice_mut};
+use super::engine::llama_spec_dflash2;
+use crate::engine::TreeRequest;
+
+/// One sequence's part of a tree draft call (llama_spec_dflash2_draft_tree).
+/// Zero-initialised limits give the defaults.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct llama_spec_dflash2_tree_request {
+    pub seq_id: i32,
+    /// The token the host sampled last: it anchors the tree. The target has not
+    /// decoded it yet; it is the first row of the verify batch.
+    pub id_last: i32,
+    /// Most nodes, i.e. verify rows beyond the anchor's; 0: the engine's n_max
+    /// (as many rows as the chain). The tree's 1 + n_nodes rows must fit the
+    /// target's n_batch and n_ctx.
+    pub n_nodes: i32,
+    /// Deepest node (draft position); 0, or more than the engine's n_max: n_max.
+    pub max_depth: i32,
+    /// Most children of one node, or of the anchor; 0: no limit. 1 makes the
+    /// tree the greedy chain llama_spec_dflash2_draft gives.
+    pub max_children: i32,
+    /// Most leaves = path sequence ids the host has for this tree (see
+    /// llama_spec_dflash2_draft_tree); 0: the target context's n_seq_max.
+    /// More than n_seq_max is refused.
+    pub max_leaves: i32,
+}
+
+/// One node of a draft tree. The tree hangs from the anchor (id_last), which
+/// is not a node. Nodes come in tree order: a parent before its children, so
+/// the first k nodes of a tree are a tree too (the one a budget of k grows);
+/// children of one parent carry distinct tokens.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct llama_spec_dflash2_tree_node {
+    pub token: i32,
+    /// Index of the parent node in this tree (0-based), or -1 for a child of the anchor.
+    pub parent: i32,
+    /// 1-based depth (draft position): the node is verified at pos = n_past + depth,
+    /// where n_past is the anchor's position.
+    pub depth: i32,
+    /// Edge probability: the lattice's softmax of this token given its parent
+    /// (the drafter's estimate that it is the target's argmax there).
+    pub prob: f32,
+    /// Product of the edge probabilities from the anchor down to this node; the
+    /// sum over nodes is the lattice's expectation of accepted tokens.
+    pub path_prob: f32,
+}
+
+/// Drafts a tree for each of `n_requests` sequences (`requests` points to that
+/// many) with one noise-block decode (after one injection decode for any rows
+/// still waiting), the decode llama_spec_dflash2_draft runs: the trees grow
+/// best-first by path probability over each block's selector lattice (K
+/// candidates per position, edge scores from each candidate of the position
+/// before), so that a tree of one child per node is exactly the greedy chain
+/// of llama_spec_dflash2_draft (same n_max, p_min, n_min, same other requests).
+/// `nodes` (room for `n_nodes_max`, at least the sum of the requests' n_nodes,
+/// n_max for a 0)
+/// receives the trees concatenated in request order; `n_nodes` (room for
+/// `n_requests`) the node count of each. A tree whose depth is below params.n_min
+/// is empty. With the adaptive walk (params.walk) the engine's controller
+/// decides per call: no tree at all (drafting measured not to pay: every
+/// n_nodes is 0), or each grown tree cut to its first k nodes, the k that
+/// maximizes the expected accepted tokens (measured acceptance by depth and
+/// edge probability) minus the measured cost of k more verify rows — a tree
+/// whose siblings do not pay becomes its chain. With the greedy walk trees
+/// always grow to their request.
+///
+/// Every requested sequence then has its tree awaiting
+/// llama_spec_dflash2_accept_tree (or verify_tree_greedy); an empty tree needs
+/// none. The host verifies a tree in one target batch (llama.cpp, no new kernel):
+/// - the target context needs a unified KV cache (llama_context_params.kv_unified)
+///   and a pure-attention model; otherwise (a split cache with n_seq_max > 1, a
+///   recurrent or hybrid target) every tree is grown as a chain (one leaf,
+///   logged once per process), and verifies as one.
+/// - sequence ids: leaf l (the nodes without children, in tree order) owns path
+///   id pool[l] from a pool of distinct ids the host keeps per sequence, unused
+///   otherwise and not sequences the engine serves; the sequence's own id may be
+///   pool[0]. Before the decode: llama_memory_seq_cp(mem, seq_id, pool[l], -1, -1)
+///   for every pool[l] != seq_id (a tag in a unified cache, not a copy).
+/// - rows, added to the batch in this order, all with logits: the anchor
+///   (id_last at n_past) with seq ids {seq_id, every pool[l] != seq_id}; then
+///   node i = 0, 1, ... at n_past + depth with the ids pool[l] of every leaf l
+///   below it (itself included), first the smallest l: its attention follows
+///   its first id, whose cells are the prefix, the anchor and its ancestors.
+/// - pass the rows to llama_spec_dflash2_process in that order, with seq_id
+///   the sequence's own id (not the path ids, so not process_batch on this
+///   batch): row 0 the anchor, row i + 1 node i, each at its position (checked:
+///   _INVALID_STATE otherwise). A seq_rm that removes any of these rows before
+///   accept_tree drops the whole tree.
+/// - after accepting the path of nodes a_1 .. a_d (depth 1 .. d), on the
+///   target only (do not mirror these calls on the engine: accept_tree did its
+///   part): keep the prefix, the anchor and the path in seq_id, free the rest,
+///   with start = n_past + 1, end = n_past + 1 + d, l = the first leaf below a_d:
+///   if d > 0 and pool[l] == seq_id: llama_memory_seq_rm(mem, seq_id, end, -1);
+///   else: llama_memory_seq_rm(mem, seq_id, start, -1) (needed only when
+///   pool[0] == seq_id) and, if d > 0, llama_memory_seq_cp(mem, pool[l], seq_id,
+///   start, end); then llama_memory_seq_rm(mem, pool[l'], -1, -1) for every
+///   pool[l'] != seq_id. The next anchor goes to n_past + 1 + d.
+/// - exactness: the masks make every row's attention the one a chain of its
+///   path would get, but the freed cells of rejected nodes lie between kept
+///   ones and later rows reuse them, so a sequence's cells leave position
+///   order; ggml's CPU flash attention accumulates V in f16 in cell order, so
+///   results may then differ from target-only decoding in the last bits, and a
+///   near-tie argmax may flip (as batch shapes can make it flip). Tagging each
+///   step's cells with one spare sequence id before the commit (never freeing
+///   them) keeps the order and the outputs bit-identical, at the cost of cells.
+///
+/// Budget per sequence, a tree of N nodes and L leaves (L <= N, <= max_leaves):
+/// the verify batch has 1 + N rows and writes 1 + N KV cells (as a chain of N
+/// drafted tokens), 1 + d remain; L path ids, L - 1 beyond the sequence's own
+/// when it serves as pool[0]. S sequences drafting trees of at most L_max leaves
+/// need a target n_seq_max >= S * L_max (own ids reused) or S * (1 + L_max)
+/// (fresh ids), at most 256 (LLAMA_MAX_SEQ), n_batch >= S * (1 + N) for one
+/// verify batch, and S * (1 + N) free cells beyond the sequences' prefixes.
+///
+/// Returns 0, or _INVALID_ARGUMENT (a negative limit, an id_last outside the
+/// vocabulary, a sequence twice, a tree the target cannot hold: 1 + n_nodes rows
+/// beyond its n_batch or n_ctx, max_leaves beyond its n_seq_max) /
+/// _BUFFER_TOO_SMALL / _INVALID_STATE (a sequence's previous draft, chain or
+/// tree, was never accepted) / _NULL_ARGUMENT / _UNKNOWN_SEQUENCE / _BACKEND;
+/// nothing changes on an error found before the decode.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_draft_tree(
+    spec: *mut llama_spec_dflash2,
+    requests: *const llama_spec_dflash2_tree_request,
+    n_requests: i32,
+    nodes: *mut llama_spec_dflash2_tree_node,
+    n_nodes_max: i32,
+    n_nodes: *mut i32,
+) -> i32 {
+    engine_status(spec, |e| {
+        let n_requests = count(n_requests, "requests")?;
+        let reqs = slice(requests, n_requests, "requests")?;
+        let out = slice_mut(nodes, count(n_nodes_max, "nodes")?, "nodes")?;
+        let n_out = slice_mut(n_nodes, n_requests, "n_nodes")?;
+        let reqs: Vec<TreeRequest> = reqs
+            .iter()
+            .map(|r| TreeRequest {
+                seq: r.seq_id,
+                id_last: r.id_last,
+                n_nodes: r.n_nodes,
+                max_depth: r.max_depth,
+                max_children: r.max_children,
+                max_leaves: r.max_leaves,
+            })
+            .collect();
+        let trees = e.draft_tree(&reqs, out.len())?;
+        let mut at = 0;
+        for (tree, n) in trees.iter().zip(n_out.iter_mut()) {
+            for (slot, node) in out[at..].iter_mut().zip(tree.nodes()) {
+                *slot = llama_spec_dflash2_tree_node {
+                    token: node.token,
+                    parent: node.parent,
+                    depth: node.depth as i32,
+                    prob: node.prob,
+                    path_prob: node.path_prob,
+                };
+            }
+            at += tree.len();
+            *n = tree.len() as i32;
+        }
+        Ok(())
+    })
+}
+
+/// The host verified the outstanding tree of `seq_id` and accepts `path`
+/// (`n_path` node indices, depth 1 first, each a child of the one before; 0
+/// nodes when the target rejected every child of the anchor). The anchor's
+/// verify row and the path's rows enter the draft KV at the sequence's next
+/// dense draft positions; every other row of the tree never does. The host then
+/// keeps the same rows in its target (the commit calls in
+/// llama_spec_dflash2_draft_tree's comment). The rows of the path must have
+/// been passed to process() (a host may verify only the first k nodes, which
+/// form a tree, and accept a path among them). An empty tree held no rows:
+/// accept_tree(seq_id, NULL, 0) closes it, and skipping it is allowed too.
+/// Returns 0, or _INVALID_STATE (no draft, a chain draft: accept() it; the
+/// path's rows not passed to process()) / _INVALID_ARGUMENT (a node index out of
+/// range, a path that does not go from the anchor parent to child) /
+/// _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing changes then.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_accept_tree(
+    spec: *mut llama_spec_dflash2,
+    seq_id: i32,
+    path: *const i32,
+    n_path: i32,
+) -> i32 {
+    engine_status(spec, |e| {
+        let path = slice(path, count(n_path, "path")?, "path")?;
+        e.accept_tree(seq_id, path)
+    })
+}
+
+/// Greedy tree verification and accept_tree() in one call, for a host that
+/// samples the target greedily (llama_spec_dflash2_verify_greedy for trees).
+/// After the verify batch was decoded and passed to process(), reads the
+/// target's logits at rows `i_batch[0 .. n_rows)` of that decode (each must
+/// have asked for logits): row 0 the anchor's, row i + 1 node i's, so n_rows
+/// is the tree's node count + 1 (1 for an empty tree). From the anchor it
+/// follows the child whose token is the argmax (first maximum) of the current
+/// row, as long as there is one, and accepts that path.
+///
+/// `emitted` (room for `n_emitted_max` >= the tree's depth + 1 tokens) receives
+/// what the host emits this step: the d accepted nodes' tokens, then the argmax
+/// of the last accepted row; `*n_emitted` = d + 1, and the last token is the
+/// next step's id_last. `path`: NULL, or room for n_emitted_max - 1 entries
+/// (at least the tree's depth): receives the d accepted node indices, for the
+/// target's commit calls (see llama_spec_dflash2_draft_tree).
+///
+/// Returns 0, or _INVALID_STATE (no tree awaiting accept, or its verify rows
+/// not passed to process()) / _INVALID_ARGUMENT (n_rows is not the node count
+/// plus one, a row is outside the batch or has no logits) / _BUFFER_TOO_SMALL /
+/// _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing changes then.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_verify_tree_greedy(
+    spec: *mut llama_spec_dflash2,
+    seq_id: i32,
+    i_batch: *const i32,
+    n_rows: i32,
+    emitted: *mut i32,
+    n_emitted_max: i32,
+    n_emitted: *mut i32,
+    path: *mut i32,
+) -> i32 {
+    engine_status(spec, |e| {
+        let rows = slice(i_batch, count(n_rows, "i_batch")?, "i_batch")?;
+        let n_max = count(n_emitted_max, "emitted")?;
+        let out = slice_mut(emitted, n_max, "emitted")?;
+        let n_out = output(n_emitted, "n_emitted")?;
+        let path = if path.is_null() { None } else { Some(slice_mut(path, n_max.saturating_sub(1), "path")?) };
+        *n_out = e.verify_tree_greedy(seq_id, rows, out, path)? as i32;
+        Ok(())
+    })
+}

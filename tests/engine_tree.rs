@@ -1,0 +1,904 @@
+//! Tree drafts through the C API on real libllama: a host verifies each
+//! sequence's tree in one target batch with the multi-sequence encoding (one
+//! sequence id per root-to-leaf path, a unified KV cache), accepts the longest
+//! greedy path and keeps only that path in the target's KV. The outputs are
+//! target-only greedy's, token for token; a one-child tree is the chain draft;
+//! bad calls are refused and change nothing.
+//!
+//! Token for token needs the target to round the same way in both runs. On the
+//! CPU it does while every sequence's KV cells lie in position order: ggml's
+//! flash attention skips masked cells but accumulates V in f16 in cell order.
+//! A chain keeps that order (its rejected cells are the newest); a tree's
+//! rejected cells lie between kept ones, and once freed the next rows reuse
+//! them, out of order. The SmolLM2 tests therefore park each step's cells under
+//! an unused sequence id (never freed, invisible to every query) to prove the
+//! encoding exact, and measure the plain commit apart: where it leaves
+//! target-only, it is at a near-tie. Likewise batches of 64+ rows take ggml's
+//! tiled attention, so the 4-sequence SmolLM2 target decodes in ubatches of 32.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::ptr;
+
+use common::spec::{Spec, Stream, default_params, generate, prefill};
+use common::target::{DecodedRow, ERow, Target, argmax, greedy_reference};
+use common::{Model, fixtures, last_error, smollm2, status_code};
+use dflash2::ffi::*;
+use dflash2::sys;
+use dflash2::tree::{KvOp, Node, Tree, accept_greedy};
+
+// ---- the host's side -------------------------------------------------------
+
+/// A target context with one KV stream for all sequences (kv_unified), as
+/// tree verification needs, otherwise as the other tests make theirs.
+fn unified_target(path: &Path, n_seq_max: u32, n_ctx: u32, n_batch: u32, n_ubatch: u32) -> Target {
+    let model = Model::load(path);
+    unsafe {
+        let mut cp = sys::llama_context_default_params();
+        cp.n_ctx = n_ctx;
+        cp.n_batch = n_batch;
+        cp.n_ubatch = n_ubatch;
+        cp.n_seq_max = n_seq_max;
+        cp.n_threads = 2;
+        cp.n_threads_batch = 2;
+        cp.kv_unified = true;
+        let ctx = sys::llama_init_from_model(model.0, cp);
+        assert!(!ctx.is_null(), "target context");
+        let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.0)) as usize;
+        Target { model, ctx, n_vocab, last_rows: Vec::new() }
+    }
+}
+
+/// A verify row with all its sequence ids; `owner` is the engine's sequence.
+struct MRow {
+    owner: i32,
+    token: i32,
+    pos: i32,
+    seq_ids: Vec<i32>,
+}
+
+/// Decodes rows that may belong to several sequences, all with logits; the
+/// engine is told each row once, under its owner. Returns each row's argmax.
+fn decode_multi(t: &mut Target, rows: &[MRow]) -> Vec<i32> {
+    let width = rows.iter().map(|r| r.seq_ids.len()).max().unwrap_or(1) as i32;
+    unsafe {
+        let mut b = sys::llama_batch_init(rows.len() as i32, 0, width);
+        for (i, r) in rows.iter().enumerate() {
+            *b.token.add(i) = r.token;
+            *b.pos.add(i) = r.pos;
+            *b.n_seq_id.add(i) = r.seq_ids.len() as i32;
+            for (j, &id) in r.seq_ids.iter().enumerate() {
+                *(*b.seq_id.add(i)).add(j) = id;
+            }
+            *b.logits.add(i) = 1;
+        }
+        b.n_tokens = rows.len() as i32;
+        let rc = sys::llama_decode(t.ctx, b);
+        sys::llama_batch_free(b);
+        assert_eq!(rc, 0, "tree verify decode");
+    }
+    t.last_rows = rows.iter().map(|r| DecodedRow { seq: r.owner, pos: r.pos, embd: false }).collect();
+    (0..rows.len())
+        .map(|i| argmax(unsafe { std::slice::from_raw_parts(sys::llama_get_logits_ith(t.ctx, i as i32), t.n_vocab) }))
+        .collect()
+}
+
+fn memory(t: &Target) -> sys::llama_memory_t {
+    unsafe { sys::llama_get_memory(t.ctx) }
+}
+
+fn apply(t: &Target, ops: &[KvOp]) {
+    for op in ops {
+        unsafe {
+            match *op {
+                KvOp::SeqCp { src, dst, p0, p1 } => sys::llama_memory_seq_cp(memory(t), src, dst, p0, p1),
+                KvOp::SeqRm { seq, p0, p1 } => assert!(sys::llama_memory_seq_rm(memory(t), seq, p0, p1)),
+            }
+        }
+    }
+}
+
+fn pos_max(t: &Target, seq: i32) -> i32 {
+    unsafe { sys::llama_memory_seq_pos_max(memory(t), seq) }
+}
+
+/// The user message in the model's chat template, as the bench tokenizes it.
+fn tokenize_chat(t: &Target, message: &str) -> Vec<i32> {
+    unsafe {
+        let tmpl = sys::llama_model_chat_template(t.model.0, ptr::null());
+        assert!(!tmpl.is_null(), "the target has a chat template");
+        let (role, content) = (c"user", std::ffi::CString::new(message).unwrap());
+        let msg = sys::llama_chat_message { role: role.as_ptr(), content: content.as_ptr() };
+        let mut buf = vec![0u8; message.len() * 2 + 1024];
+        let n = sys::llama_chat_apply_template(tmpl, &msg, 1, true, buf.as_mut_ptr().cast(), buf.len() as i32);
+        assert!(n > 0 && (n as usize) < buf.len());
+        t.tokenize(std::str::from_utf8(&buf[..n as usize]).unwrap(), false)
+    }
+}
+
+// ---- the tree API ------------------------------------------------------------
+
+type CNode = llama_spec_dflash2_tree_node;
+
+fn request(seq: i32, id_last: i32, shape: Shape) -> llama_spec_dflash2_tree_request {
+    llama_spec_dflash2_tree_request {
+        seq_id: seq,
+        id_last,
+        n_nodes: shape.n_nodes,
+        max_depth: 0,
+        max_children: shape.max_children,
+        max_leaves: shape.max_leaves,
+    }
+}
+
+fn try_draft_tree(spec: &Spec, reqs: &[llama_spec_dflash2_tree_request], room: i32) -> (i32, Vec<Vec<CNode>>) {
+    let empty = CNode { token: -1, parent: -9, depth: -1, prob: -1.0, path_prob: -1.0 };
+    let mut nodes = vec![empty; room.max(0) as usize];
+    let mut n = vec![-1i32; reqs.len()];
+    let rc = unsafe {
+        llama_spec_dflash2_draft_tree(
+            spec.0,
+            reqs.as_ptr(),
+            reqs.len() as i32,
+            nodes.as_mut_ptr(),
+            room,
+            n.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return (rc, Vec::new());
+    }
+    let mut at = 0;
+    let trees = n
+        .iter()
+        .map(|&k| {
+            let t = nodes[at..at + k as usize].to_vec();
+            at += k as usize;
+            t
+        })
+        .collect();
+    (rc, trees)
+}
+
+fn draft_tree(spec: &Spec, reqs: &[llama_spec_dflash2_tree_request]) -> Vec<Vec<CNode>> {
+    let (rc, trees) = try_draft_tree(spec, reqs, 64 * reqs.len() as i32);
+    assert_eq!(rc, 0, "draft_tree: {}", last_error());
+    trees
+}
+
+/// The C nodes as the library's pure tree (checks the invariants on the way).
+fn to_tree(nodes: &[CNode]) -> Tree {
+    let nodes = nodes
+        .iter()
+        .map(|n| Node {
+            token: n.token,
+            parent: n.parent,
+            depth: n.depth as usize,
+            prob: n.prob,
+            path_prob: n.path_prob,
+            candidate: 0,
+        })
+        .collect();
+    Tree::from_nodes(nodes).expect("draft_tree returns a valid tree")
+}
+
+fn accept_tree(spec: &Spec, seq: i32, path: &[i32]) -> i32 {
+    unsafe { llama_spec_dflash2_accept_tree(spec.0, seq, path.as_ptr(), path.len() as i32) }
+}
+
+/// llama_spec_dflash2_verify_tree_greedy: (status, emitted, path).
+fn verify_tree(spec: &Spec, seq: i32, i_batch: &[i32], room: usize) -> (i32, Vec<i32>, Vec<i32>) {
+    let mut out = vec![-1; room];
+    let mut path = vec![-1; room.saturating_sub(1)];
+    let mut n = -1;
+    let rc = unsafe {
+        llama_spec_dflash2_verify_tree_greedy(
+            spec.0,
+            seq,
+            i_batch.as_ptr(),
+            i_batch.len() as i32,
+            out.as_mut_ptr(),
+            room as i32,
+            &mut n,
+            path.as_mut_ptr(),
+        )
+    };
+    if rc == 0 {
+        out.truncate(n as usize);
+        path.truncate(n as usize - 1);
+    }
+    (rc, out, path)
+}
+
+fn process_rows(spec: &Spec, rows: &[llama_spec_dflash2_row]) -> i32 {
+    unsafe { llama_spec_dflash2_process(spec.0, rows.as_ptr(), rows.len() as i32) }
+}
+
+// ---- the loop ---------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    n_nodes: i32,
+    max_children: i32,
+    max_leaves: i32,
+}
+
+const DEFAULT: Shape = Shape { n_nodes: 0, max_children: 0, max_leaves: 0 };
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Verify {
+    /// The host's argmax and tree::accept_greedy, then accept_tree().
+    Host,
+    /// llama_spec_dflash2_verify_tree_greedy.
+    Library,
+}
+
+/// What the trees looked like: nodes per depth, how often.
+#[derive(Default)]
+struct Shapes(BTreeMap<Vec<usize>, usize>);
+
+impl Shapes {
+    fn add(&mut self, tree: &Tree) {
+        let depth = tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0);
+        let mut per = vec![0; depth];
+        tree.nodes().iter().for_each(|n| per[n.depth - 1] += 1);
+        *self.0.entry(per).or_default() += 1;
+    }
+
+    fn top(&self, n: usize) -> String {
+        let mut v: Vec<_> = self.0.iter().collect();
+        v.sort_by(|a, b| b.1.cmp(a.1));
+        v.iter().take(n).map(|(s, c)| format!("{s:?} x{c}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// How the host drives the trees.
+#[derive(Clone, Copy)]
+struct Host<'a> {
+    /// Path ids per stream.
+    pools: &'a [Vec<i32>],
+    shape: Shape,
+    verify: Verify,
+    /// Some(id): before committing a step, every cell of its verify batch is
+    /// also tagged with this otherwise unused sequence id, so no cell is ever
+    /// freed and every sequence's cells stay in position order in the cache
+    /// (see `reference`). None: the plain commit frees the rejected cells.
+    park: Option<i32>,
+    /// Target-only outputs per stream, to locate the first divergence.
+    reference: Option<&'a [Vec<i32>]>,
+}
+
+/// Where a stream first left the reference: its output index and how far
+/// the reference token's logit was below the row's maximum.
+type Divergence = Option<(usize, f32)>;
+
+/// Tree steps until every stream has `n_gen` tokens: one draft_tree call for
+/// all active sequences, one verify batch, a greedy path accepted per
+/// sequence, the target's KV cut to that path.
+fn generate_trees(
+    target: &mut Target,
+    spec: &Spec,
+    streams: &mut [Stream],
+    n_gen: usize,
+    host: Host,
+    shapes: &mut Shapes,
+) -> Vec<Divergence> {
+    let mut diverged: Vec<Divergence> = vec![None; streams.len()];
+    loop {
+        let active: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].out.len() < n_gen).collect();
+        if active.is_empty() {
+            return diverged;
+        }
+        let reqs: Vec<_> = active.iter().map(|&i| request(streams[i].seq, streams[i].id_last, host.shape)).collect();
+        let drafted = draft_tree(spec, &reqs);
+        let trees: Vec<Tree> = drafted.iter().map(|n| to_tree(n)).collect();
+        let mut rows = Vec::new();
+        let mut first = Vec::new();
+        for (k, &i) in active.iter().enumerate() {
+            let (s, pool, tree) = (&streams[i], &host.pools[i], &trees[k]);
+            assert!(tree.leaves().len() <= pool.len(), "a tree with more leaves than max_leaves");
+            apply(target, &tree.kv_prepare(s.seq, pool).unwrap());
+            first.push(rows.len());
+            for r in tree.verify_rows(s.id_last, s.n_past, s.seq, pool).unwrap() {
+                rows.push(MRow { owner: s.seq, token: r.token, pos: r.pos, seq_ids: r.seq_ids });
+            }
+        }
+        let argmaxes = decode_multi(target, &rows);
+        spec.process(target);
+        for (k, &i) in active.iter().enumerate() {
+            let tree = &trees[k];
+            shapes.add(tree);
+            let s = &mut streams[i];
+            let range = first[k]..first[k] + tree.len() + 1;
+            let (path, tokens) = match host.verify {
+                Verify::Host => {
+                    let v = accept_greedy(tree, &argmaxes[range]).unwrap();
+                    let path: Vec<i32> = v.path.iter().map(|&n| n as i32).collect();
+                    assert_eq!(accept_tree(spec, s.seq, &path), 0, "accept_tree: {}", last_error());
+                    (v.path, v.tokens)
+                }
+                Verify::Library => {
+                    let i_batch: Vec<i32> = range.map(|r| r as i32).collect();
+                    let (rc, out, path) = verify_tree(spec, s.seq, &i_batch, 65);
+                    assert_eq!(rc, 0, "verify_tree_greedy: {}", last_error());
+                    (path.iter().map(|&n| n as usize).collect(), out)
+                }
+            };
+            if let (Some(want), None) = (host.reference.map(|r| &r[i]), diverged[i]) {
+                let at = s.out.len();
+                if let Some(j) = (0..tokens.len()).find(|&j| at + j < want.len() && tokens[j] != want[at + j]) {
+                    let row = if j == 0 { first[k] } else { first[k] + path[j - 1] + 1 };
+                    let logits = unsafe {
+                        std::slice::from_raw_parts(sys::llama_get_logits_ith(target.ctx, row as i32), target.n_vocab)
+                    };
+                    diverged[i] = Some((at + j, logits[tokens[j] as usize] - logits[want[at + j] as usize]));
+                }
+            }
+            if let Some(park) = host.park {
+                for &id in std::iter::once(&s.seq).chain(&host.pools[i]) {
+                    apply(target, &[KvOp::SeqCp { src: id, dst: park, p0: s.n_past, p1: -1 }]);
+                }
+            }
+            apply(target, &tree.kv_commit(&path, s.n_past, s.seq, &host.pools[i]).unwrap());
+            s.out.extend_from_slice(&tokens);
+            s.n_past += tokens.len() as i32;
+            s.id_last = *tokens.last().unwrap();
+            // the target keeps the prefix and the accepted path, in seq only
+            assert_eq!(pos_max(target, s.seq), s.n_past - 1);
+            for &id in host.pools[i].iter().filter(|&&id| id != s.seq) {
+                assert_eq!(pos_max(target, id), -1, "path id {id} still holds cells");
+            }
+        }
+    }
+}
+
+/// Every stream's output is the reference, and the engine holds exactly the
+/// committed rows.
+fn check_lossless(spec: &Spec, streams: &[Stream], reference: &[Vec<i32>], n_gen: usize, what: &str) {
+    for (s, want) in streams.iter().zip(reference) {
+        assert_eq!(&s.out[..n_gen], &want[..n_gen], "{what}: seq {}", s.seq);
+        let info = spec.info(s.seq);
+        assert_eq!((info.n_held, info.n_outstanding), (0, -1), "{what}: seq {}", s.seq);
+        assert_eq!(info.n_in_kv + info.n_queued, s.n_past, "{what}: seq {}", s.seq);
+        assert_eq!(info.last_target_pos, s.n_past - 1, "{what}: seq {}", s.seq);
+    }
+}
+
+/// Path ids for `n_seq` sequences with `leaves` each, after the sequences'
+/// own ids: even sequences reuse their own id as the first path's.
+fn pools(n_seq: i32, leaves: i32) -> Vec<Vec<i32>> {
+    (0..n_seq)
+        .map(|s| {
+            let fresh = (0..leaves).map(|j| n_seq + s * leaves + j);
+            if s % 2 == 0 {
+                std::iter::once(s).chain(fresh.take(leaves as usize - 1)).collect()
+            } else {
+                fresh.collect()
+            }
+        })
+        .collect()
+}
+
+fn per_depth(st: &llama_spec_dflash2_stats, n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            let d = st.drafted_at[i];
+            if d == 0 { "-".to_string() } else { format!("{:.0}%", 100.0 * st.accepted_at[i] as f64 / d as f64) }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn fixture_prompts(t: &Target) -> Vec<Vec<i32>> {
+    ["the draft model is fast", "one two three", "code: a list of the", "it is not a block but a token and"]
+        .iter()
+        .map(|p| t.tokenize(p, true))
+        .collect()
+}
+
+const N_GEN: usize = 40;
+
+fn plain<'a>(pools: &'a [Vec<i32>], shape: Shape, verify: Verify) -> Host<'a> {
+    Host { pools, shape, verify, park: None, reference: None }
+}
+
+// ---- lossless -------------------------------------------------------------
+
+#[test]
+fn fixture_pair_trees_are_lossless_on_one_sequence() {
+    let fx = fixtures();
+    const LEAVES: i32 = 6;
+    let mut target = unified_target(&fx.target, 1 + LEAVES as u32, 1024, 512, 512);
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts, N_GEN);
+    let shapes_tried = [
+        DEFAULT,
+        Shape { n_nodes: 6, max_children: 0, max_leaves: LEAVES },
+        Shape { n_nodes: 8, max_children: 2, max_leaves: 3 },
+    ];
+    let mut branched = 0;
+    for (p, (prompt, want)) in prompts.iter().zip(&reference).enumerate() {
+        for (k, &shape) in shapes_tried.iter().enumerate() {
+            target.seq_rm(-1, -1, -1);
+            let spec = Spec::new(&target, &fx.drafter, default_params(1));
+            let mut streams = prefill(&mut target, &spec, std::slice::from_ref(prompt));
+            // fresh path ids, or the sequence's own id first
+            let pool: Vec<i32> = if (p + k) % 2 == 0 { (1..=LEAVES).collect() } else { (0..LEAVES).collect() };
+            let verify = if k == 1 { Verify::Library } else { Verify::Host };
+            let mut shapes = Shapes::default();
+            let pools = [pool];
+            generate_trees(&mut target, &spec, &mut streams, N_GEN, plain(&pools, shape, verify), &mut shapes);
+            check_lossless(&spec, &streams, std::slice::from_ref(want), N_GEN, &format!("{shape:?}"));
+            branched += shapes.0.keys().filter(|s| s.iter().any(|&n| n > 1)).count();
+            let st = spec.stats();
+            assert!(st.n_drafted > 0 && st.n_verify_steps > 0);
+        }
+    }
+    assert!(branched > 0, "no tree ever branched");
+}
+
+#[test]
+fn fixture_pair_trees_are_lossless_on_four_interleaved_sequences() {
+    let fx = fixtures();
+    const LEAVES: i32 = 4;
+    let mut target = unified_target(&fx.target, 4 + 4 * LEAVES as u32, 2048, 512, 512);
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts, N_GEN);
+    let pools = pools(4, LEAVES);
+    let shape = Shape { n_nodes: 6, max_children: 0, max_leaves: LEAVES };
+    for (drafter, verify) in
+        [(&fx.drafter, Verify::Host), (&fx.drafter_swa, Verify::Library), (&fx.drafter_own_head, Verify::Host)]
+    {
+        target.seq_rm(-1, -1, -1);
+        let spec = Spec::new(&target, drafter, default_params(4));
+        let mut streams = prefill(&mut target, &spec, &prompts);
+        generate_trees(&mut target, &spec, &mut streams, N_GEN, plain(&pools, shape, verify), &mut Shapes::default());
+        check_lossless(&spec, &streams, &reference, N_GEN, &drafter.display().to_string());
+        for s in &streams {
+            let info = spec.info(s.seq);
+            assert_eq!((info.kv_pos_min, info.kv_pos_max), (0, info.n_in_kv - 1), "seq {}", s.seq);
+        }
+    }
+}
+
+const SMOL_PROMPTS: [&str; 8] = [
+    "Write a Python function that checks whether a string is a palindrome.",
+    "What is 48 multiplied by 12? Show the steps.",
+    "Write a short paragraph about the history of the bicycle.",
+    "List five fruits that are rich in vitamin C.",
+    "Return a JSON object describing a book with title, author and year.",
+    "Explain what a hash table is in two sentences.",
+    "Write a C function that returns the maximum of an integer array.",
+    "Give three tips for writing clear emails.",
+];
+
+/// The SmolLM2 tests take turns: several ggml thread pools spinning on two
+/// cores at once slow each other down many times over.
+static SMOLLM2: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    SMOLLM2.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn trained_drafter() -> std::path::PathBuf {
+    common::smollm2_drafter(&smollm2())
+}
+
+fn total(v: &[llama_spec_dflash2_stats]) -> llama_spec_dflash2_stats {
+    let mut t = v[0];
+    for s in &v[1..] {
+        t.n_accepted += s.n_accepted;
+        t.n_verify_steps += s.n_verify_steps;
+        t.n_drafted += s.n_drafted;
+        for i in 0..t.drafted_at.len() {
+            t.drafted_at[i] += s.drafted_at[i];
+            t.accepted_at[i] += s.accepted_at[i];
+        }
+    }
+    t.tau = (t.n_accepted + t.n_verify_steps) as f64 / t.n_verify_steps as f64;
+    t
+}
+
+/// SmolLM2 with the trained drafter, np = 1: trees of 7 nodes (8 verified
+/// rows per step, as the chain of 7) are lossless; tau tree vs chain, per-depth
+/// acceptance and the tree shapes are printed. Then the plain commit, which
+/// frees rejected cells for reuse: where it leaves target-only, it is at a
+/// near-tie of the target's own rounding.
+#[test]
+fn smollm2_trained_drafter_trees_are_lossless_tau_tree_vs_chain() {
+    let _turn = one_at_a_time();
+    // kept short for CI: `dflash2-bench --modes dflash2,dflash2-tree` measures tau on more
+    const N: usize = 32;
+    const LEAVES: i32 = 7;
+    let target_path = smollm2();
+    let drafter = trained_drafter();
+    const PARK: i32 = LEAVES + 1; // after the path ids 0..=LEAVES
+    let mut target = unified_target(&target_path, 2 + LEAVES as u32, 2048, 512, 512);
+    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..4].iter().map(|m| tokenize_chat(&target, m)).collect();
+    let reference = greedy_reference(&target_path, &prompts, N);
+    let shape = Shape { n_nodes: 7, max_children: 0, max_leaves: LEAVES };
+
+    let (mut chain_stats, mut tree_stats, mut shapes, mut plain_runs) = (Vec::new(), Vec::new(), Shapes::default(), 0);
+    for (p, (prompt, want)) in prompts.iter().zip(&reference).enumerate() {
+        target.seq_rm(-1, -1, -1);
+        let spec = Spec::new(&target, &drafter, default_params(1));
+        assert_eq!(spec.n_max(), 7);
+        let mut streams = prefill(&mut target, &spec, std::slice::from_ref(prompt));
+        generate(&mut target, &spec, &mut streams, N, 7);
+        assert_eq!(&streams[0].out[..N], &want[..], "chain, prompt {p}");
+        chain_stats.push(spec.stats());
+        drop(spec);
+
+        for park in [Some(PARK), None] {
+            if park.is_none() && p >= 2 {
+                continue;
+            }
+            target.seq_rm(-1, -1, -1);
+            target.seq_rm(PARK, -1, -1);
+            let spec = Spec::new(&target, &drafter, default_params(1));
+            let mut streams = prefill(&mut target, &spec, std::slice::from_ref(prompt));
+            let pools = [if p % 2 == 0 { (0..LEAVES).collect() } else { (1..=LEAVES).collect::<Vec<i32>>() }];
+            let verify = if p % 2 == 0 { Verify::Host } else { Verify::Library };
+            let host = Host { pools: &pools, shape, verify, park, reference: Some(std::slice::from_ref(want)) };
+            let mut seen = Shapes::default();
+            let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut seen)[0];
+            if park.is_some() {
+                assert_eq!(diverged, None, "prompt {p}");
+                check_lossless(&spec, &streams, std::slice::from_ref(want), N, &format!("tree, prompt {p}"));
+                tree_stats.push(spec.stats());
+                shapes = Shapes(seen.0.into_iter().fold(shapes.0, |mut m, (k, v)| {
+                    *m.entry(k).or_default() += v;
+                    m
+                }));
+            } else {
+                plain_runs += 1;
+                eprintln!("  plain commit, prompt {p}: first divergence (index, logit margin) {diverged:?}");
+                if let Some((_, margin)) = diverged {
+                    assert!(margin < 0.5, "prompt {p}: a divergence that is no near-tie: {margin}");
+                }
+            }
+        }
+    }
+    let (chain, tree) = (total(&chain_stats), total(&tree_stats));
+    eprintln!("SmolLM2 + trained drafter, np 1, {} prompts x {N} tokens, 8 verified rows per step:", prompts.len());
+    for (p, (c, t)) in chain_stats.iter().zip(&tree_stats).enumerate() {
+        eprintln!("  prompt {p}: tau chain {:.3}  tree {:.3}", c.tau, t.tau);
+    }
+    eprintln!(
+        "  tau chain {:.3} ({} steps), tree {:.3} ({} steps): {:.3}x",
+        chain.tau,
+        chain.n_verify_steps,
+        tree.tau,
+        tree.n_verify_steps,
+        tree.tau / chain.tau
+    );
+    eprintln!("  acceptance by depth (accepted / drafted at that depth), chain: {}", per_depth(&chain, 7));
+    eprintln!("  acceptance by depth (accepted / drafted at that depth), tree:  {}", per_depth(&tree, 7));
+    eprintln!("  tree shapes (nodes per depth): {}", shapes.top(10));
+    assert!(plain_runs == 2 && chain.tau >= 1.0 && tree.tau >= 1.0);
+}
+
+#[test]
+fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
+    let _turn = one_at_a_time();
+    const N: usize = 32;
+    const LEAVES: i32 = 7;
+    let target_path = smollm2();
+    // ubatches below 64 rows: ggml's tiled CPU attention (64+ rows) rounds unlike one-row decodes
+    const PARK: i32 = 4 + 4 * LEAVES; // after the sequences and their path ids
+    let mut target = unified_target(&target_path, 1 + PARK as u32, 4096, 512, 32);
+    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..4].iter().map(|m| tokenize_chat(&target, m)).collect();
+    let reference = greedy_reference(&target_path, &prompts, N);
+    let spec = Spec::new(&target, &trained_drafter(), default_params(4));
+    let mut streams = prefill(&mut target, &spec, &prompts);
+    let pools = pools(4, LEAVES);
+    let shape = Shape { n_nodes: 7, max_children: 0, max_leaves: LEAVES };
+    let host = Host { pools: &pools, shape, verify: Verify::Library, park: Some(PARK), reference: Some(&reference) };
+    let mut shapes = Shapes::default();
+    let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut shapes);
+    assert!(diverged.iter().all(Option::is_none), "{diverged:?}");
+    check_lossless(&spec, &streams, &reference, N, "smollm2 np 4");
+    let st = spec.stats();
+    eprintln!("SmolLM2 np 4, trees of 7: tau {:.3}, by depth {}, shapes {}", st.tau, per_depth(&st, 7), shapes.top(4));
+}
+
+// ---- the chain is a one-child tree ----------------------------------------------
+
+/// At every step: the chain draft, dropped again (seq_rm from its anchor), then
+/// one-child trees from the same state: the same tokens, parent to child.
+#[test]
+fn a_one_child_tree_is_the_chain_draft() {
+    let _turn = one_at_a_time();
+    const N: usize = 40;
+    let target_path = smollm2();
+    const PARK: i32 = 7;
+    let mut target = unified_target(&target_path, 8, 2048, 512, 512);
+    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..2].iter().map(|m| tokenize_chat(&target, m)).collect();
+    let reference = greedy_reference(&target_path, &prompts, N);
+    let pools = [(0..7).collect::<Vec<i32>>()];
+    let host = Host { pools: &pools, shape: DEFAULT, verify: Verify::Host, park: Some(PARK), reference: None };
+    let mut compared = 0;
+    for (prompt, want) in prompts.iter().zip(&reference) {
+        target.seq_rm(-1, -1, -1);
+        target.seq_rm(PARK, -1, -1);
+        let spec = Spec::new(&target, &trained_drafter(), default_params(1));
+        let mut streams = prefill(&mut target, &spec, std::slice::from_ref(prompt));
+        while streams[0].out.len() < N {
+            let (seq, id_last, n_past) = (streams[0].seq, streams[0].id_last, streams[0].n_past);
+            for n_max in [7, 4] {
+                let chain = spec.draft(&[llama_spec_dflash2_draft_request {
+                    seq_id: seq,
+                    id_last,
+                    n_max,
+                    ..Default::default()
+                }]);
+                spec.seq_rm(seq, n_past, -1); // drops the chain draft: nothing of it was decoded
+                for shape in [
+                    Shape { n_nodes: n_max, max_children: 1, max_leaves: 0 },
+                    Shape { n_nodes: n_max, max_children: 0, max_leaves: 1 },
+                ] {
+                    let tree = draft_tree(&spec, &[request(seq, id_last, shape)]).remove(0);
+                    let tokens: Vec<i32> = tree.iter().map(|n| n.token).collect();
+                    assert_eq!(tokens, chain[0], "{shape:?}");
+                    for (i, n) in tree.iter().enumerate() {
+                        assert_eq!((n.parent, n.depth), (i as i32 - 1, i as i32 + 1));
+                        assert!(n.prob > 0.0 && n.prob <= 1.0);
+                    }
+                    spec.seq_rm(seq, n_past, -1);
+                    compared += 1;
+                }
+            }
+            // one tree step to move on
+            let n_gen = streams[0].out.len() + 1;
+            generate_trees(&mut target, &spec, &mut streams, n_gen, host, &mut Shapes::default());
+        }
+        check_lossless(&spec, &streams, std::slice::from_ref(want), N, "one-child");
+    }
+    assert!(compared > 20);
+}
+
+/// On a target context whose KV cache is split per sequence (not kv_unified),
+/// a tree cannot be verified in one batch: trees come back as chains.
+#[test]
+fn trees_are_chains_when_the_target_cannot_verify_them() {
+    let fx = fixtures();
+    let mut target = Target::new(&fx.target, 4, 2048, 512); // kv_unified only for one sequence
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts, N_GEN);
+    let spec = Spec::new(&target, &fx.drafter, default_params(4));
+    let mut streams = prefill(&mut target, &spec, &prompts);
+    let pools: Vec<Vec<i32>> = (0..4).map(|s| vec![s]).collect();
+    let mut shapes = Shapes::default();
+    let shape = Shape { n_nodes: 6, max_children: 0, max_leaves: 0 };
+    generate_trees(&mut target, &spec, &mut streams, N_GEN, plain(&pools, shape, Verify::Library), &mut shapes);
+    check_lossless(&spec, &streams, &reference, N_GEN, "split cache");
+    assert!(shapes.0.keys().all(|s| s.iter().all(|&n| n == 1)), "{}", shapes.top(8));
+}
+
+/// A hybrid target (recurrent state per sequence, here the qwen35 fixture in
+/// a unified cache) cannot branch: its trees come back as the chain draft.
+#[test]
+fn trees_are_chains_on_a_hybrid_target() {
+    let fx = fixtures();
+    let mut target = unified_target(&fx.qwen35_target, 4, 512, 128, 128);
+    let prompt = target.tokenize("the draft model is fast and the list", true);
+    let rows: Vec<ERow> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| ERow {
+            seq: 0,
+            token: Some(t),
+            embd: Vec::new(),
+            pos: [i as i32; 4],
+            logits: i + 1 == prompt.len(),
+        })
+        .collect();
+    let spec = Spec::new(&target, &fx.qwen35_drafter, default_params(1));
+    let id_last = target.decode_ext(&rows)[0];
+    spec.process(&target);
+    let n_past = prompt.len() as i32;
+    let chain = spec.draft(&[llama_spec_dflash2_draft_request {
+        seq_id: 0,
+        id_last,
+        n_max: spec.n_max(),
+        ..Default::default()
+    }]);
+    spec.seq_rm(0, n_past, -1);
+    assert!(!chain[0].is_empty(), "the fixture drafter drafts");
+    for max_leaves in [0, 4] {
+        let shape = Shape { n_nodes: spec.n_max(), max_children: 0, max_leaves };
+        let tree = draft_tree(&spec, &[request(0, id_last, shape)]).remove(0);
+        assert_eq!(tree.iter().map(|n| n.token).collect::<Vec<_>>(), chain[0]);
+        assert!(tree.iter().enumerate().all(|(i, n)| n.parent == i as i32 - 1));
+        spec.seq_rm(0, n_past, -1);
+    }
+}
+
+// ---- misuse ---------------------------------------------------------------------
+
+/// Every bad tree call is refused with a status and a message, and leaves the
+/// engine as it was: the generation that follows is still target-only greedy.
+#[test]
+fn bad_tree_calls_are_refused_and_change_nothing() {
+    let fx = fixtures();
+    let mut target = unified_target(&fx.target, 5, 1024, 64, 64);
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts[..1], N_GEN);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let mut streams = prefill(&mut target, &spec, &prompts[..1]);
+    let pool: Vec<i32> = (1..5).collect();
+    let (seq, id_last, n_past) = (0, streams[0].id_last, streams[0].n_past);
+    let info = spec.info(seq);
+    let refused = |rc: i32, status: &str, needle: &str| {
+        assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
+        assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
+    };
+    let unchanged = |want: &llama_spec_dflash2_seq_info| assert_eq!(&spec.info(seq), want);
+
+    // no draft at all
+    refused(accept_tree(&spec, seq, &[]), "INVALID_STATE", "no draft");
+    refused(verify_tree(&spec, seq, &[0], 8).0, "INVALID_STATE", "no tree");
+    unchanged(&info);
+    // a chain draft is not a tree (the draft call injects the prompt's rows first)
+    let chain =
+        spec.draft(&[llama_spec_dflash2_draft_request { seq_id: seq, id_last, n_max: 3, ..Default::default() }]);
+    assert!(!chain[0].is_empty());
+    let with_chain = spec.info(seq);
+    refused(accept_tree(&spec, seq, &[]), "INVALID_STATE", "chain");
+    refused(verify_tree(&spec, seq, &[0], 8).0, "INVALID_STATE", "chain");
+    let r = request(seq, id_last, DEFAULT);
+    refused(try_draft_tree(&spec, &[r], 16).0, "INVALID_STATE", "never accepted");
+    unchanged(&with_chain);
+    spec.seq_rm(seq, n_past, -1);
+    let info = spec.info(seq);
+    assert_eq!((info.n_outstanding, info.n_queued, info.n_in_kv), (-1, 0, n_past));
+
+    // requests the target cannot hold, bad arguments, small buffers
+    let shaped = |n_nodes, max_children, max_leaves| request(seq, id_last, Shape { n_nodes, max_children, max_leaves });
+    refused(try_draft_tree(&spec, &[shaped(-1, 0, 0)], 16).0, "INVALID_ARGUMENT", "n_nodes -1");
+    refused(try_draft_tree(&spec, &[shaped(0, -2, 0)], 16).0, "INVALID_ARGUMENT", "max_children -2");
+    refused(try_draft_tree(&spec, &[shaped(6, 0, 6)], 16).0, "INVALID_ARGUMENT", "n_seq_max 5");
+    refused(try_draft_tree(&spec, &[shaped(64, 0, 4)], 128).0, "INVALID_ARGUMENT", "n_batch 64");
+    refused(try_draft_tree(&spec, &[shaped(6, 0, 4)], 5).0, "BUFFER_TOO_SMALL", "6");
+    refused(try_draft_tree(&spec, &[shaped(0, 0, 4)], 2).0, "BUFFER_TOO_SMALL", "3");
+    let mut bad = shaped(6, 0, 4);
+    bad.id_last = -3;
+    refused(try_draft_tree(&spec, &[bad], 16).0, "INVALID_ARGUMENT", "id_last");
+    bad = shaped(6, 0, 4);
+    bad.seq_id = 1;
+    refused(try_draft_tree(&spec, &[bad], 16).0, "UNKNOWN_SEQUENCE", "sequence 1");
+    refused(try_draft_tree(&spec, &[shaped(2, 0, 4), shaped(2, 0, 4)], 16).0, "INVALID_ARGUMENT", "twice");
+    let mut n = [0i32];
+    let rc = unsafe { llama_spec_dflash2_draft_tree(spec.0, ptr::null(), 1, ptr::null_mut(), 0, n.as_mut_ptr()) };
+    refused(rc, "NULL_ARGUMENT", "requests");
+    unchanged(&info);
+
+    // a tree that branches
+    let tree = draft_tree(&spec, &[shaped(8, 0, 4)]).remove(0);
+    let t = to_tree(&tree);
+    let deep = (0..t.len()).find(|&i| t.nodes()[i].depth == 2).expect("a node at depth 2") as i32;
+    let top = tree[deep as usize].parent;
+    let sibling = (0..t.len() as i32).find(|&i| i != top && tree[i as usize].parent == -1);
+    assert!(t.leaves().len() > 1 && sibling.is_some(), "the fixture drafter's tree branches: {tree:?}");
+    let with_tree = spec.info(seq);
+    assert_eq!((with_tree.n_outstanding, with_tree.n_held), (tree.len() as i32, 0));
+    refused(try_draft_tree(&spec, &[r], 16).0, "INVALID_STATE", "accept_tree");
+    refused(unsafe { llama_spec_dflash2_accept(spec.0, seq, 0) }, "INVALID_STATE", "llama_spec_dflash2_accept_tree");
+    let mut out = [0i32; 8];
+    let mut n_out = 0;
+    let rc = unsafe { llama_spec_dflash2_verify_greedy(spec.0, seq, [0].as_ptr(), 1, out.as_mut_ptr(), 8, &mut n_out) };
+    refused(rc, "INVALID_STATE", "verify_tree_greedy");
+    refused(accept_tree(&spec, seq, &[]), "INVALID_STATE", "process() received 0");
+    unchanged(&with_tree);
+
+    // verify rows out of tree order: node `deep` sits at the anchor's position + 2
+    let row = |i_batch: i32, pos: i32| llama_spec_dflash2_row { i_batch, seq_id: seq, pos, embd: false };
+    let mut rows: Vec<_> = std::iter::once(row(0, n_past))
+        .chain(tree.iter().enumerate().map(|(i, n)| row(i as i32 + 1, n_past + n.depth)))
+        .collect();
+    rows[deep as usize + 1].pos = n_past + 1;
+    refused(process_rows(&spec, &rows), "INVALID_STATE", "anchor, node 0, node 1");
+    refused(process_rows(&spec, &[row(0, n_past - 2)]), "INVALID_STATE", "anchor row");
+    unchanged(&with_tree);
+
+    // the real verify batch
+    apply(&target, &t.kv_prepare(seq, &pool).unwrap());
+    let vrows: Vec<MRow> = t
+        .verify_rows(id_last, n_past, seq, &pool)
+        .unwrap()
+        .into_iter()
+        .map(|r| MRow { owner: seq, token: r.token, pos: r.pos, seq_ids: r.seq_ids })
+        .collect();
+    let argmaxes = decode_multi(&mut target, &vrows);
+    spec.process(&target);
+    let held = spec.info(seq);
+    assert_eq!(held.n_held, tree.len() as i32 + 1);
+    refused(process_rows(&spec, &[row(0, n_past + 1)]), "INVALID_STATE", "awaiting accept()");
+    let n = tree.len() as i32;
+    refused(accept_tree(&spec, seq, &[n]), "INVALID_ARGUMENT", "not one of the tree's");
+    refused(accept_tree(&spec, seq, &[-1]), "INVALID_ARGUMENT", "not one of the tree's");
+    refused(accept_tree(&spec, seq, &[deep]), "INVALID_ARGUMENT", "not a path from the anchor");
+    refused(accept_tree(&spec, seq, &[sibling.unwrap(), deep]), "INVALID_ARGUMENT", "not a child of node");
+    refused(accept_tree(&spec, seq, &[top, top]), "INVALID_ARGUMENT", "not a child of node");
+    let rc = unsafe { llama_spec_dflash2_accept_tree(spec.0, seq, ptr::null(), 2) };
+    refused(rc, "NULL_ARGUMENT", "path");
+    let rc = unsafe { llama_spec_dflash2_accept_tree(spec.0, seq, [0].as_ptr(), -1) };
+    refused(rc, "INVALID_ARGUMENT", "negative");
+    refused(unsafe { llama_spec_dflash2_accept_tree(spec.0, 3, ptr::null(), 0) }, "UNKNOWN_SEQUENCE", "sequence 3");
+    let all: Vec<i32> = (0..=n).collect();
+    refused(verify_tree(&spec, seq, &all[..n as usize], 8).0, "INVALID_ARGUMENT", "rows for a tree");
+    let depth = tree.iter().map(|n| n.depth).max().unwrap() as usize;
+    refused(verify_tree(&spec, seq, &all, depth).0, "BUFFER_TOO_SMALL", "may emit");
+    let mut far = all.clone();
+    far[1] = 64;
+    refused(verify_tree(&spec, seq, &far, 8).0, "INVALID_ARGUMENT", "outside the target's batch");
+    let (p_all, p_out) = (all.as_ptr(), out.as_mut_ptr());
+    let rc = unsafe {
+        llama_spec_dflash2_verify_tree_greedy(spec.0, seq, p_all, n + 1, p_out, 8, ptr::null_mut(), ptr::null_mut())
+    };
+    refused(rc, "NULL_ARGUMENT", "n_emitted");
+    unchanged(&held);
+
+    // and the right call still works, the path NULL; the loop goes on losslessly
+    let mut n_emitted = 0;
+    let rc = unsafe {
+        llama_spec_dflash2_verify_tree_greedy(spec.0, seq, p_all, n + 1, p_out, 8, &mut n_emitted, ptr::null_mut())
+    };
+    assert_eq!(rc, 0, "{}", last_error());
+    let v = accept_greedy(&t, &argmaxes).unwrap();
+    assert_eq!(&out[..n_emitted as usize], &v.tokens[..]);
+    apply(&target, &t.kv_commit(&v.path, n_past, seq, &pool).unwrap());
+    let s = &mut streams[0];
+    s.out.extend_from_slice(&v.tokens);
+    s.n_past += v.tokens.len() as i32;
+    s.id_last = *v.tokens.last().unwrap();
+    let pools = [pool.clone()];
+    generate_trees(
+        &mut target,
+        &spec,
+        &mut streams,
+        N_GEN,
+        plain(&pools, DEFAULT, Verify::Host),
+        &mut Shapes::default(),
+    );
+    check_lossless(&spec, &streams, &reference, N_GEN, "after the bad calls");
+}
+
+/// A seq_rm that takes any of a held tree's verify rows drops the whole tree
+/// (its rows are nodes by index).
+#[test]
+fn a_removal_through_held_tree_rows_drops_the_tree() {
+    let fx = fixtures();
+    let mut target = unified_target(&fx.target, 5, 1024, 64, 64);
+    let prompts = fixture_prompts(&target);
+    let spec = Spec::new(&target, &fx.drafter, default_params(1));
+    let streams = prefill(&mut target, &spec, &prompts[1..2]);
+    let pool: Vec<i32> = (1..5).collect();
+    let (seq, id_last, n_past) = (0, streams[0].id_last, streams[0].n_past);
+    let shape = Shape { n_nodes: 6, max_children: 0, max_leaves: 4 };
+    for cut in [n_past + 2, n_past + 1] {
+        let tree = draft_tree(&spec, &[request(seq, id_last, shape)]).remove(0);
+        let t = to_tree(&tree);
+        apply(&target, &t.kv_prepare(seq, &pool).unwrap());
+        let rows: Vec<MRow> = t
+            .verify_rows(id_last, n_past, seq, &pool)
+            .unwrap()
+            .into_iter()
+            .map(|r| MRow { owner: seq, token: r.token, pos: r.pos, seq_ids: r.seq_ids })
+            .collect();
+        decode_multi(&mut target, &rows);
+        spec.process(&target);
+        assert_eq!(spec.info(seq).n_held, tree.len() as i32 + 1);
+        assert!(tree.iter().any(|n| n_past + n.depth >= cut), "the fixture drafter's tree reaches depth 2: {tree:?}");
+        spec.seq_rm(seq, cut, -1);
+        let info = spec.info(seq);
+        assert_eq!((info.n_outstanding, info.n_held), (-1, 0), "cut at {cut}");
+        assert_eq!(accept_tree(&spec, seq, &[]), status_code("INVALID_STATE"));
+        // the host drops the tree too
+        apply(&target, &t.kv_commit(&[], n_past, seq, &pool).unwrap());
+        target.seq_rm(seq, n_past, -1);
+        assert_eq!(spec.stats().n_rejected_rows, 0);
+    }
+}

@@ -1,0 +1,252 @@
+// Tree drafts in the host (dflash2 only, greedy): each step one
+// llama_spec_dflash2_draft_tree call for the generating sequences, one target
+// batch verifying every tree with the multi-sequence encoding of dflash2.h (one
+// path sequence id per leaf in a unified KV cache, a node tagged with the ids of
+// the leaves below it), the longest path the target agrees with accepted by
+// llama_spec_dflash2_verify_tree_greedy, and the target's KV cut to that path.
+//
+// Exactness: a tree's rejected cells lie between its kept ones; freed, the next
+// rows would reuse them out of position order, and ggml's CPU attention, which
+// accumulates in cell order, could then round differently from target-only
+// decoding and flip a near-tie argmax. So before each commit every cell of the
+// verify batch is also tagged with the stream's park id, which no query uses:
+// no cell is freed until the wave ends, at the price of 1 + n_nodes cells per
+// step instead of 1 + accepted (see host_tree_seq_ids for the ids).
+#include "dflash2-batch-rows.h"
+#include "dflash2.hpp"
+#include "host.h"
+#include "stream.h"
+
+#include <algorithm>
+
+namespace {
+
+// the sequence ids of stream k: path ids (pool[0] is k itself) and its park id
+struct tree_ids {
+    std::vector<llama_seq_id> pool;
+    llama_seq_id              park;
+};
+
+tree_ids ids_of(int32_t k, int32_t np, int32_t n_leaves) {
+    tree_ids ids;
+    ids.pool.push_back(k);
+    for (int32_t l = 1; l < n_leaves; ++l) {
+        ids.pool.push_back(np + k * (n_leaves - 1) + (l - 1));
+    }
+    ids.park = np + np * (n_leaves - 1) + k;
+    return ids;
+}
+
+// prefill rows go to the engine as any host's: one sequence per row
+struct prefill_drafter : host_drafter {
+    dflash2::engine & engine;
+    std::vector<dflash2::row> rows;
+
+    explicit prefill_drafter(dflash2::engine & engine) : engine(engine) {}
+
+    const char * name() const override { return "dflash2-tree"; }
+
+    void process(const common_batch & batch) override {
+        dflash2_rows_from_batch(batch, rows);
+        engine.process(rows);
+    }
+
+    void draft(const std::vector<draft_request> &, std::vector<std::vector<llama_token>> &) override {}
+
+    void accept(llama_seq_id, int32_t) override {}
+
+    void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) override { engine.seq_rm(seq, p0, p1); }
+};
+
+// for every node, the path ids of the leaves below it, the first leaf's first
+// (a node's attention follows its first id: the prefix, the anchor, its ancestors)
+std::vector<std::vector<llama_seq_id>> node_ids(const std::vector<dflash2::tree_node> & nodes, const tree_ids & ids,
+        int32_t & n_leaves) {
+    std::vector<bool> has_child(nodes.size(), false);
+    for (const auto & n : nodes) {
+        if (n.parent >= 0) {
+            has_child[n.parent] = true;
+        }
+    }
+    std::vector<std::vector<llama_seq_id>> out(nodes.size());
+    n_leaves = 0;
+    for (size_t leaf = 0; leaf < nodes.size(); ++leaf) {
+        if (has_child[leaf]) {
+            continue;
+        }
+        const llama_seq_id id = ids.pool.at(n_leaves++);
+        for (int32_t i = (int32_t) leaf; i >= 0; i = nodes[i].parent) {
+            out[i].push_back(id);
+        }
+    }
+    return out;
+}
+
+struct tree_step {
+    std::vector<dflash2::tree_node>        nodes;
+    std::vector<std::vector<llama_seq_id>> ids; // per node
+    int32_t                                n_leaves = 0;
+    std::vector<int32_t>                   rows;  // batch indices: anchor, then node i
+};
+
+void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
+        std::vector<host_stream> & streams, host_stats & stats) {
+    llama_memory_t mem = llama_get_memory(tgt.ctx);
+    llama_memory_clear(mem, true);
+    engine.seq_rm(-1, -1, -1);
+    prefill_drafter prefill(engine);
+    host_prefill(tgt, &prefill, streams, stats);
+    engine.reset_stats();
+
+    const int32_t np = (int32_t) streams.size();
+    const int64_t t_start = host_time_us();
+    for (auto & s : streams) {
+        host_emit(tgt, s, { s.id_last });
+    }
+
+    common_batch batch(tgt.ctx);
+    std::vector<dflash2::tree_request>           reqs;
+    std::vector<std::vector<dflash2::tree_node>> trees;
+    std::vector<tree_step>                       steps;
+    std::vector<dflash2::row>                    rows;
+    std::vector<llama_token>                     emitted;
+    std::vector<int32_t>                         path;
+    while (true) {
+        std::vector<size_t> active;
+        for (size_t i = 0; i < streams.size(); ++i) {
+            if (!streams[i].done) {
+                active.push_back(i);
+            }
+        }
+        if (active.empty()) {
+            break;
+        }
+
+        reqs.clear();
+        for (size_t i : active) {
+            const host_stream & s = streams[i];
+            const int32_t left = tgt.params.n_predict - (int32_t) s.out.size();
+            dflash2::tree_request r = {};
+            r.seq_id     = s.seq;
+            r.id_last    = s.id_last;
+            r.n_nodes    = n_nodes;
+            r.max_depth  = std::min(tgt.params.n_max, std::max(left, 1));
+            r.max_leaves = n_leaves;
+            reqs.push_back(r);
+        }
+        int64_t t = host_time_us();
+        engine.draft_tree(reqs, trees);
+        stats.t_draft_us += host_time_us() - t;
+
+        batch.clear();
+        rows.clear();
+        steps.assign(active.size(), {});
+        for (size_t k = 0; k < active.size(); ++k) {
+            const host_stream & s = streams[active[k]];
+            const tree_ids ids = ids_of(s.seq, np, n_leaves);
+            tree_step & st = steps[k];
+            st.nodes = std::move(trees[k]);
+            st.ids   = node_ids(st.nodes, ids, st.n_leaves);
+            // every path id gets the prefix (a tag in a unified cache, not a copy)
+            std::vector<llama_seq_id> anchor_ids = { s.seq };
+            for (int32_t l = 1; l < st.n_leaves; ++l) {
+                llama_memory_seq_cp(mem, s.seq, ids.pool[l], -1, -1);
+                anchor_ids.push_back(ids.pool[l]);
+            }
+            st.rows.push_back(batch.add(s.id_last, s.n_past, anchor_ids, true));
+            for (size_t i = 0; i < st.nodes.size(); ++i) {
+                st.rows.push_back(batch.add(st.nodes[i].token, s.n_past + st.nodes[i].depth, st.ids[i], true));
+            }
+            for (size_t r = 0; r < st.rows.size(); ++r) {
+                rows.push_back({ st.rows[r], s.seq, r == 0 ? s.n_past : s.n_past + st.nodes[r - 1].depth, false });
+            }
+        }
+        t = host_time_us();
+        tgt.decode(batch);
+        stats.t_target_us += host_time_us() - t;
+        t = host_time_us();
+        engine.process(rows);
+        stats.t_process_us += host_time_us() - t;
+
+        for (size_t k = 0; k < active.size(); ++k) {
+            host_stream & s = streams[active[k]];
+            const tree_ids ids = ids_of(s.seq, np, n_leaves);
+            const tree_step & st = steps[k];
+            t = host_time_us();
+            engine.verify_tree_greedy(s.seq, st.rows, emitted, path);
+            stats.t_accept_us += host_time_us() - t;
+
+            const int32_t d = (int32_t) path.size();
+            int32_t depth = 0;
+            for (const auto & n : st.nodes) {
+                depth = std::max(depth, n.depth);
+            }
+            stats.n_seq_steps += 1;
+            stats.n_drafted   += (int64_t) st.nodes.size();
+            stats.n_accepted  += d;
+            for (int32_t j = 0; j < depth && j < HOST_MAX_DRAFT; ++j) {
+                stats.drafted_at[j] += 1;
+                stats.accepted_at[j] += j < d;
+            }
+
+            // park every cell of this step, then keep the prefix, the anchor and the path in seq
+            for (int32_t l = 0; l < std::max(st.n_leaves, 1); ++l) {
+                llama_memory_seq_cp(mem, ids.pool[l], ids.park, s.n_past, -1);
+            }
+            const llama_pos start = s.n_past + 1;
+            const llama_pos end   = start + d;
+            const llama_seq_id keep = d > 0 ? st.ids[path.back()][0] : s.seq;
+            if (d > 0 && keep == s.seq) {
+                llama_memory_seq_rm(mem, s.seq, end, -1);
+            } else {
+                llama_memory_seq_rm(mem, s.seq, start, -1);
+                if (d > 0) {
+                    llama_memory_seq_cp(mem, keep, s.seq, start, end);
+                }
+            }
+            for (int32_t l = 1; l < st.n_leaves; ++l) {
+                llama_memory_seq_rm(mem, ids.pool[l], -1, -1);
+            }
+            s.n_past  = end;
+            s.id_last = emitted.back();
+            host_emit(tgt, s, emitted);
+        }
+    }
+    stats.t_total_us += host_time_us() - t_start;
+    const dflash2::stats es = engine.get_stats();
+    stats.has_split = true;
+    stats.t_inject_us += (int64_t) es.t_inject_us;
+    stats.t_noise_us  += (int64_t) es.t_draft_us;
+    stats.t_walk_us   += (int64_t) es.t_walk_us;
+    stats.t_copy_us   += (int64_t) es.t_process_us;
+}
+
+} // namespace
+
+int32_t host_tree_seq_ids(int32_t np, int32_t n_leaves) {
+    return np * (n_leaves + 1);
+}
+
+host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
+        const std::vector<std::vector<llama_token>> & prompts) {
+    dflash2::params params = dflash2::default_params();
+    params.n_seq           = (uint32_t) tgt.params.n_seq;
+    params.n_max           = tgt.params.n_max;
+    params.n_threads       = tgt.params.n_threads;
+    params.n_threads_batch = tgt.params.n_threads;
+    params.walk            = walk;
+    dflash2::engine engine(tgt.ctx, tgt.params.path_draft, params);
+
+    host_generation gen;
+    gen.tokens.resize(prompts.size());
+    const size_t n_seq = (size_t) tgt.params.n_seq;
+    for (size_t first = 0; first < prompts.size(); first += n_seq) {
+        std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
+        run_tree_wave(tgt, engine, n_nodes, n_leaves, streams, gen.stats);
+        for (auto & s : streams) {
+            gen.stats.n_generated += (int64_t) s.out.size();
+            gen.tokens[s.i_prompt] = std::move(s.out);
+        }
+    }
+    return gen;
+}

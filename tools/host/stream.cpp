@@ -1,0 +1,80 @@
+#include "stream.h"
+
+#include <algorithm>
+
+std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
+        size_t first, size_t n_seq) {
+    std::vector<host_stream> streams;
+    for (size_t i = first; i < std::min(prompts.size(), first + n_seq); ++i) {
+        host_stream s;
+        s.seq      = (llama_seq_id) (i - first);
+        s.i_prompt = i;
+        s.history  = prompts[i];
+        s.seed     = (uint32_t) tgt.params.seed + (uint32_t) i;
+        if (tgt.sampled()) {
+            s.smpl = std::make_unique<host_sampler>(tgt.params.temp, s.seed);
+        }
+        streams.push_back(std::move(s));
+    }
+    return streams;
+}
+
+llama_token host_pick(const host_target & tgt, host_stream & s, int32_t i_batch) {
+    return tgt.sampled() ? s.smpl->sample(tgt, i_batch) : tgt.argmax(i_batch);
+}
+
+void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama_token> & emitted) {
+    for (llama_token id : emitted) {
+        if (s.done) {
+            break;
+        }
+        s.out.push_back(id);
+        s.history.push_back(id);
+        if (tgt.is_eog(id) || (int32_t) s.out.size() >= tgt.params.n_predict) {
+            s.done = true;
+        }
+    }
+}
+
+void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
+    common_batch batch(tgt.ctx);
+    std::vector<std::pair<size_t, int32_t>> last_rows; // stream, batch index of its last prompt row
+    const int64_t t_start = host_time_us();
+    auto flush = [&]() {
+        if (batch.size() == 0) {
+            return;
+        }
+        tgt.decode(batch);
+        if (drafter) {
+            drafter->process(batch);
+        }
+        for (auto [i, row] : last_rows) {
+            streams[i].id_last = host_pick(tgt, streams[i], row);
+        }
+        batch.clear();
+        last_rows.clear();
+    };
+    for (size_t i = 0; i < streams.size(); ++i) {
+        if (tgt.prompt_decoder) {
+            flush(); // rows in the order of the prompts
+            auto & s = streams[i];
+            if (tgt.prompt_decoder->decode(tgt, drafter, s.i_prompt, s.seq, s.n_past, s.id_last)) {
+                continue;
+            }
+        }
+        const auto & prompt = streams[i].history;
+        for (size_t p = 0; p < prompt.size(); ++p) {
+            if (batch.size() == tgt.params.n_batch) {
+                flush();
+            }
+            const bool last = p + 1 == prompt.size();
+            const int32_t idx = batch.add(prompt[p], (llama_pos) p, streams[i].seq, last);
+            if (last) {
+                last_rows.push_back({ i, idx });
+            }
+        }
+        streams[i].n_past = (llama_pos) prompt.size();
+    }
+    flush();
+    stats.t_prefill_us += host_time_us() - t_start;
+}
