@@ -60,6 +60,7 @@ const char * host_args_usage() {
            "  --ctx-size N      target context (default 4096)\n"
            "  --temp T          target sampling temperature (default 0: greedy; > 0: llama.cpp's temp + dist chain)\n"
            "  --seed S          sampling seed (default 0; prompt i uses S + i)\n"
+           "  --draft-temp T    temperature of dflash2's sampled draft walk (default: --temp)\n"
            "  --prompt TEXT     a user message (repeatable)\n"
            "  --prompts FILE    user messages, one per line\n"
            "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
@@ -98,6 +99,8 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.temp = to_temp(flag, value());
         } else if (flag == "--seed") {
             a.params.seed = to_int(flag, value(), 0);
+        } else if (flag == "--draft-temp") {
+            a.params.draft_temp = to_temp(flag, value());
         } else if (flag == "--prompt") {
             a.prompts.push_back(value());
         } else if (flag == "--prompts") {

@@ -21,10 +21,11 @@ struct drafter_dflash2 : host_drafter {
     std::vector<dflash2::row>           rows;
     std::vector<dflash2::draft_request> requests;
 
-    float temp; // the target's sampling temperature: the drafts' too
+    float temp;       // the target's sampling temperature: the drafts' too
+    float draft_temp; // the draft walk's own temperature (< 0: temp)
 
     drafter_dflash2(host_target & tgt, int32_t walk)
-        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)), temp(tgt.params.temp) {}
+        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)), temp(tgt.params.temp), draft_temp(tgt.params.draft_temp) {}
 
     const char * name() const override { return "dflash2"; }
 
@@ -37,7 +38,7 @@ struct drafter_dflash2 : host_drafter {
         requests.clear();
         for (const auto & r : reqs) {
             // temperature 0: the greedy chain, as before; > 0: a sampled draft with its q
-            requests.push_back(dflash2::make_request(r.seq, r.id_last, r.n_max, temp, r.seed));
+            requests.push_back(dflash2::make_request(r.seq, r.id_last, r.n_max, temp, r.seed, draft_temp));
         }
         engine.draft(requests, out);
     }

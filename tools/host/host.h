@@ -37,6 +37,7 @@ struct host_params {
     std::string path_image;  // an image put before the first prompt's text (--image)
     float   temp      = 0.0f; // target sampling temperature (0: greedy)
     int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
+    float   draft_temp = -1.0f; // dflash2's sampled draft walk temperature (< 0: temp)
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
