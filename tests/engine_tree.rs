@@ -510,13 +510,13 @@ fn total(v: &[llama_spec_dflash2_stats]) -> llama_spec_dflash2_stats {
 fn smollm2_trained_drafter_trees_are_lossless_tau_tree_vs_chain() {
     let _turn = one_at_a_time();
     // kept short for CI: `dflash2-bench --modes dflash2,dflash2-tree` measures tau on more
-    const N: usize = 32;
+    const N: usize = 24;
     const LEAVES: i32 = 7;
     let target_path = smollm2();
     let drafter = trained_drafter();
     const PARK: i32 = LEAVES + 1; // after the path ids 0..=LEAVES
     let mut target = unified_target(&target_path, 2 + LEAVES as u32, 2048, 512, 512);
-    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..4].iter().map(|m| tokenize_chat(&target, m)).collect();
+    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..2].iter().map(|m| tokenize_chat(&target, m)).collect();
     let reference = greedy_reference(&target_path, &prompts, N);
     let shape = Shape { n_nodes: 7, max_children: 0, max_leaves: LEAVES };
 
@@ -532,7 +532,7 @@ fn smollm2_trained_drafter_trees_are_lossless_tau_tree_vs_chain() {
         drop(spec);
 
         for park in [Some(PARK), None] {
-            if park.is_none() && p >= 2 {
+            if park.is_none() && p >= 1 {
                 continue;
             }
             target.seq_rm(-1, -1, -1);
@@ -577,13 +577,13 @@ fn smollm2_trained_drafter_trees_are_lossless_tau_tree_vs_chain() {
     eprintln!("  acceptance by depth (accepted / drafted at that depth), chain: {}", per_depth(&chain, 7));
     eprintln!("  acceptance by depth (accepted / drafted at that depth), tree:  {}", per_depth(&tree, 7));
     eprintln!("  tree shapes (nodes per depth): {}", shapes.top(10));
-    assert!(plain_runs == 2 && chain.tau >= 1.0 && tree.tau >= 1.0);
+    assert!(plain_runs == 1 && chain.tau >= 1.0 && tree.tau >= 1.0);
 }
 
 #[test]
 fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
     let _turn = one_at_a_time();
-    const N: usize = 32;
+    const N: usize = 24;
     const LEAVES: i32 = 7;
     let target_path = smollm2();
     // ubatches below 64 rows: ggml's tiled CPU attention (64+ rows) rounds unlike one-row decodes
@@ -611,11 +611,11 @@ fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
 #[test]
 fn a_one_child_tree_is_the_chain_draft() {
     let _turn = one_at_a_time();
-    const N: usize = 40;
+    const N: usize = 24;
     let target_path = smollm2();
     const PARK: i32 = 7;
     let mut target = unified_target(&target_path, 8, 2048, 512, 512);
-    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..2].iter().map(|m| tokenize_chat(&target, m)).collect();
+    let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..1].iter().map(|m| tokenize_chat(&target, m)).collect();
     let reference = greedy_reference(&target_path, &prompts, N);
     let pools = [(0..7).collect::<Vec<i32>>()];
     let host = Host { pools: &pools, shape: DEFAULT, verify: Verify::Host, park: Some(PARK), reference: None };
