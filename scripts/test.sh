@@ -71,6 +71,9 @@ step "llama-server with dflash2: hybrid qwen35 and image prompts on loopback"
 python3 tests/server/test_hybrid_vision.py --server "$server" --fixtures "$build/fixtures" \
     --workdir "$root/target/server-tests-hybrid"
 
+step "reliability --quick: fuzzers 60 s each, 500-step soak, ASan tests, 1-minute server load and faults"
+scripts/reliability.sh --quick
+
 step "exports of libdflash2.so"
 nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'
 
