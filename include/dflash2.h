@@ -89,6 +89,16 @@ enum llama_spec_dflash2_image_rows {
 };
 
 // A DFlash2 engine bound to one target context (opaque).
+//
+// Threads: different engines (each on its own target context) may be used
+// from different threads at the same time. One engine serves one call at a
+// time: a call that arrives while another thread is inside a call on the same
+// engine returns LLAMA_SPEC_DFLASH2_ERR_INVALID_STATE at once ("another thread
+// is inside a call on this engine"), without waiting and without changing
+// anything; the host may retry it. llama_spec_dflash2_free is the exception:
+// it must not run while any other call on the engine is in progress. Calls
+// that read the target context (process, draft, verify) also need the host not
+// to decode that context at the same time, as with any libllama context.
 struct llama_spec_dflash2;
 
 // Configuration of a DFlash2 engine. Get it from

@@ -1,22 +1,30 @@
 #!/usr/bin/env bash
 # Reliability figures of dflash2, re-runnable by anyone: coverage-guided fuzzing
 # (cargo-fuzz / libFuzzer, nightly toolchain) of the GGUF reader, the drafter
-# check, state blobs and API call sequences against the fixture pair.
+# check, state blobs and API call sequences against the fixture pair; then the
+# soak (tests/soak.rs), the Rust integration tests under AddressSanitizer
+# (scripts/sanitizers.sh) and llama-server under load and faults
+# (tests/server/load_faults.py).
 #
-#   scripts/reliability.sh [--quick] [--seconds N] [TARGET...]
+#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,server] [TARGET...]
 #
-# --quick: 60 s per fuzz target (part of scripts/test.sh); default 600 s.
+# --quick: 60 s per fuzz target, a 500-step soak, a subset of the tests under
+# ASan and a 1-minute server load (part of scripts/test.sh); default: 600 s per
+# target, 10,000 soak steps, every integration test under ASan, a 5-minute load.
 # Prints per target: executions, coverage, crashes; exits non-zero on a crash
-# (the reproducer is left in fuzz/artifacts/TARGET/).
+# (the reproducer is left in fuzz/artifacts/TARGET/) or any failed part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 seconds=600
+quick=0
+skip=","
 targets=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --quick) seconds=60 ;;
+        --quick) seconds=60; quick=1 ;;
+        --skip) skip=",$2,"; shift ;;
         --seconds) seconds=$2; shift ;;
         -*) echo "unknown option $1" >&2; exit 2 ;;
         *) targets+=("$1") ;;
@@ -56,6 +64,7 @@ fi
 
 status=0
 summary=()
+[[ $skip == *,fuzz,* ]] && targets=()
 for t in "${targets[@]}"; do
     mkdir -p "$corpus/$t"
     log="$root/target/fuzz-$t.log"
@@ -78,6 +87,53 @@ for t in "${targets[@]}"; do
     echo "$line" >&2
     summary+=("$line")
 done
+cd "$root"
+export DFLASH2_SMOLLM2=${DFLASH2_SMOLLM2:-$(scripts/fetch-models.sh smollm2)}
+# the trained drafter when this machine has it, else the soak generates one
+trained="$root/../shared/models/smollm2-135m-dflash2.gguf"
+[ -f "$trained" ] || trained=/work/shared/models/smollm2-135m-dflash2.gguf
+part() { # name command...: runs one part, records its last line
+    local name=$1; shift
+    echo "== $name" >&2
+    local log="$root/target/reliability-$name.log"
+    set +e
+    "$@" >"$log" 2>&1
+    local rc=$?
+    set -e
+    local line
+    line="$name: $(grep -E "$summary_re" "$log" | tail -1)"
+    [ $rc -eq 0 ] || { line="$line — FAILED (exit $rc, see $log)"; status=1; }
+    echo "$line" >&2
+    summary+=("$line")
+}
+
+if [[ $skip != *,soak,* ]]; then
+    steps=10000
+    [ $quick = 1 ] && steps=500
+    summary_re="soak result|panicked"
+    [ -f "$trained" ] && export DFLASH2_SOAK_DRAFTER="$trained"
+    part soak env DFLASH2_SOAK_STEPS=$steps cargo test -q --release --test soak -- --ignored --nocapture
+fi
+if [[ $skip != *,asan,* ]]; then
+    summary_re="asan:"
+    asan_args=()
+    [ $quick = 1 ] && asan_args=(--quick)
+    part asan scripts/sanitizers.sh "${asan_args[@]}"
+fi
+if [[ $skip != *,server,* ]]; then
+    summary_re="^load:|^PASS|^FAIL"
+    load_s=300
+    [ $quick = 1 ] && load_s=60
+    server=$(scripts/server.sh build)
+    drafter="$trained"
+    if [ ! -f "$drafter" ]; then
+        drafter="$root/target/reliability-drafter.gguf"
+        [ -f "$drafter" ] || cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$drafter"
+    fi
+    part server python3 -u tests/server/load_faults.py --server "$server" --target "$DFLASH2_SMOLLM2" \
+        --draft "$drafter" --seconds $load_s --workdir "$root/target/server-load"
+fi
+
 echo
 echo "reliability summary:"
 printf '  %s\n' "${summary[@]}"

@@ -38,6 +38,10 @@ impl DraftModel {
             mp.split_mode = if load.devices.len() > 1 { LLAMA_SPLIT_MODE_LAYER } else { LLAMA_SPLIT_MODE_NONE };
             mp.main_gpu = 0;
             mp.use_extra_bufts = load.use_extra_bufts;
+            // read, not mapped: a drafter file truncated or rewritten on disk
+            // while the engine runs would otherwise SIGBUS the host at the next
+            // draft decode (tests/server/load_faults.py); drafters are small
+            mp.load_mode = LLAMA_LOAD_MODE_NONE;
             llama_model_load_from_file(cpath.as_ptr(), mp)
         };
         NonNull::new(model)
