@@ -656,7 +656,8 @@ fn a_one_child_tree_is_the_chain_draft() {
         }
         check_lossless(&spec, &streams, std::slice::from_ref(want), N, "one-child");
     }
-    assert!(compared > 20);
+    // 4 comparisons per step, a few steps whatever the acceptance
+    assert!(compared >= 8, "{compared}");
 }
 
 /// On a target context whose KV cache is split per sequence (not kv_unified),
