@@ -24,7 +24,7 @@ use std::ptr;
 
 use common::spec::{Spec, Stream, default_params, generate, prefill};
 use common::target::{DecodedRow, ERow, Target, argmax, greedy_reference};
-use common::{Model, fixtures, last_error, smollm2, status_code};
+use common::{fixtures, last_error, smollm2, status_code};
 use dflash2::ffi::*;
 use dflash2::sys;
 use dflash2::tree::{KvOp, Node, Tree, accept_greedy};
@@ -34,21 +34,13 @@ use dflash2::tree::{KvOp, Node, Tree, accept_greedy};
 /// A target context with one KV stream for all sequences (kv_unified), as
 /// tree verification needs, otherwise as the other tests make theirs.
 fn unified_target(path: &Path, n_seq_max: u32, n_ctx: u32, n_batch: u32, n_ubatch: u32) -> Target {
-    let model = Model::load(path);
-    unsafe {
-        let mut cp = sys::llama_context_default_params();
+    Target::with_params(path, |cp| {
         cp.n_ctx = n_ctx;
         cp.n_batch = n_batch;
         cp.n_ubatch = n_ubatch;
         cp.n_seq_max = n_seq_max;
-        cp.n_threads = 2;
-        cp.n_threads_batch = 2;
         cp.kv_unified = true;
-        let ctx = sys::llama_init_from_model(model.0, cp);
-        assert!(!ctx.is_null(), "target context");
-        let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.0)) as usize;
-        Target { model, ctx, n_vocab, last_rows: Vec::new() }
-    }
+    })
 }
 
 /// A verify row with all its sequence ids; `owner` is the engine's sequence.

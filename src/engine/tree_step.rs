@@ -261,16 +261,7 @@ impl Engine {
                 path_out.as_ref().map_or("is not asked for".to_string(), |p| format!("holds {}", p.len()))
             )));
         }
-        let n_batch = self.target.n_batch() as i32;
-        if let Some(&bad) = i_batch.iter().find(|&&i| i < 0 || i >= n_batch) {
-            return Err(Error::invalid(format!("row index {bad} is outside the target's batch (n_batch {n_batch})")));
-        }
-        let mut logits = Vec::with_capacity(i_batch.len());
-        for &row in i_batch {
-            logits.push(self.target.logits(row).ok_or_else(|| {
-                Error::invalid(format!("row {row} of the target's last decode has no logits (set batch.logits for it)"))
-            })?);
-        }
+        let logits = self.verify_logits(i_batch)?;
         // the argmax only of the rows the walk reaches
         let verdict = accept_matching(tree, |row| super::verify::argmax(logits[row.map_or(0, |i| i + 1)]));
         let path: Vec<i32> = verdict.path.iter().map(|&i| i as i32).collect();

@@ -16,6 +16,25 @@ pub(super) fn argmax(logits: &[f32]) -> i32 {
 }
 
 impl Engine {
+    /// The target's logits at verify rows `i_batch` of its last decode: each
+    /// inside the batch and decoded with logits.
+    pub(super) fn verify_logits(&self, i_batch: &[i32]) -> Result<Vec<&[f32]>> {
+        let n_batch = self.target.n_batch() as i32;
+        if let Some(&bad) = i_batch.iter().find(|&&i| i < 0 || i >= n_batch) {
+            return Err(Error::invalid(format!("row index {bad} is outside the target's batch (n_batch {n_batch})")));
+        }
+        i_batch
+            .iter()
+            .map(|&row| {
+                self.target.logits(row).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "row {row} of the target's last decode has no logits (set batch.logits for it)"
+                    ))
+                })
+            })
+            .collect()
+    }
+
     /// What every verify helper needs before it reads anything: the draft's
     /// verify rows reached process(), and `out_len` holds what may be emitted
     /// (the draft + 1). `what` names the call in the messages.
@@ -69,16 +88,7 @@ impl Engine {
             )));
         }
         self.check_verify_rows(s, seq, "verify", n_drafted, out.len())?;
-        let n_batch = self.target.n_batch() as i32;
-        if let Some(&bad) = i_batch.iter().find(|&&i| i < 0 || i >= n_batch) {
-            return Err(Error::invalid(format!("row index {bad} is outside the target's batch (n_batch {n_batch})")));
-        }
-        let mut logits = Vec::with_capacity(i_batch.len());
-        for &row in i_batch {
-            logits.push(self.target.logits(row).ok_or_else(|| {
-                Error::invalid(format!("row {row} of the target's last decode has no logits (set batch.logits for it)"))
-            })?);
-        }
+        let logits = self.verify_logits(i_batch)?;
         let mut emitted = Vec::with_capacity(n_drafted + 1);
         let mut next = argmax(logits[0]);
         while emitted.len() < n_drafted && o.tokens[emitted.len()] == next {

@@ -52,17 +52,24 @@ impl Target {
     /// `new` with `n_rs_seq` recurrent-state snapshots per sequence: how deep a
     /// recurrent or hybrid target can roll back after a decode (0 = not at all).
     pub fn with_rs_seq(path: &Path, n_seq: u32, n_ctx: u32, n_batch: u32, n_rs_seq: u32) -> Target {
-        let model = Model::load(path);
-        unsafe {
-            let mut cp = sys::llama_context_default_params();
+        Target::with_params(path, |cp| {
             cp.n_ctx = n_ctx;
             cp.n_batch = n_batch;
             cp.n_ubatch = n_batch;
             cp.n_seq_max = n_seq;
-            cp.n_threads = 2;
-            cp.n_threads_batch = 2;
             cp.kv_unified = n_seq == 1;
             cp.n_rs_seq = n_rs_seq;
+        })
+    }
+
+    /// A context on the model at `path` with 2 threads and what `configure` sets.
+    pub fn with_params(path: &Path, configure: impl FnOnce(&mut sys::llama_context_params)) -> Target {
+        let model = Model::load(path);
+        unsafe {
+            let mut cp = sys::llama_context_default_params();
+            cp.n_threads = 2;
+            cp.n_threads_batch = 2;
+            configure(&mut cp);
             let ctx = sys::llama_init_from_model(model.0, cp);
             assert!(!ctx.is_null(), "target context");
             let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.0)) as usize;

@@ -23,7 +23,6 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 
 import test_server as ts
 from test_server import DRAFT, LONG, assert_drafting, slots_run
@@ -270,19 +269,10 @@ def main():
     args.draft = os.path.join(args.fixtures, "qwen35-drafter.gguf")
     args.target = None  # set per test
     ts.ARGS = args
-    failed = 0
-    selected = [t for t in TESTS if not args.only or args.only in t.__name__]
-    for t in selected:
-        start = time.time()
-        try:
-            t()
-            print(f"PASS {t.__name__} ({time.time() - start:.1f}s)", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__} ({time.time() - start:.1f}s)\n{traceback.format_exc()}", flush=True)
+    selected, failed = ts.run_tests(TESTS, args.only)
     print(f"image requests served by dflash2: {SERVED['image_requests']}, "
           f"tokens drafted after them: {SERVED['drafted_after_images']}")
-    print(f"{len(selected) - failed} passed, {failed} failed (logs in {args.workdir})")
+    print(f"{selected - failed} passed, {failed} failed (logs in {args.workdir})")
     sys.exit(1 if failed else 0)
 
 

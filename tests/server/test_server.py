@@ -416,6 +416,22 @@ TESTS = [
 ]
 
 
+def run_tests(tests, only):
+    """Runs the tests whose name contains `only` (all without it), printing PASS or
+    FAIL with the traceback for each; returns (selected, failed)."""
+    failed = 0
+    selected = [t for t in tests if not only or only in t.__name__]
+    for t in selected:
+        start = time.time()
+        try:
+            t()
+            print(f"PASS {t.__name__} ({time.time() - start:.1f}s)", flush=True)
+        except Exception:
+            failed += 1
+            print(f"FAIL {t.__name__} ({time.time() - start:.1f}s)\n{traceback.format_exc()}", flush=True)
+    return len(selected), failed
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
@@ -429,17 +445,8 @@ def main():
     ARGS = ap.parse_args()
     ARGS.workdir = ARGS.workdir or tempfile.mkdtemp(prefix="dflash2-server-")
     os.makedirs(ARGS.workdir, exist_ok=True)
-    failed = 0
-    selected = [t for t in TESTS if not ARGS.only or ARGS.only in t.__name__]
-    for t in selected:
-        start = time.time()
-        try:
-            t()
-            print(f"PASS {t.__name__} ({time.time() - start:.1f}s)", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__} ({time.time() - start:.1f}s)\n{traceback.format_exc()}", flush=True)
-    print(f"{len(selected) - failed} passed, {failed} failed (logs in {ARGS.workdir})")
+    selected, failed = run_tests(TESTS, ARGS.only)
+    print(f"{selected - failed} passed, {failed} failed (logs in {ARGS.workdir})")
     sys.exit(1 if failed else 0)
 
 
