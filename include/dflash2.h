@@ -861,6 +861,16 @@ int32_t llama_spec_dflash2_verify_tree_greedy(struct llama_spec_dflash2 *spec,
 // are never emitted. Cost: one call per row of the accepted path (the host's
 // sampler chain runs on those rows only), O(|q's support| + |p|) each.
 //
+// Caveats: the random numbers are the engine's (the sequence's verify
+// generator, request.seed), not the host's sampler's: the output follows the
+// host's distribution with other draws than target-only sampling. A stateful
+// chain (penalties, grammar) must give p at a node's row as it stands after
+// the anchor and that node's path, and advance only along the tokens emitted.
+// A node accepts one of its children at least as often as its first child
+// alone (a chain's draw) would be accepted; how much the siblings add depends
+// on how much of p the first draw leaves uncovered, and a tree spends verify
+// rows on siblings that a chain spends on depth.
+//
 // Call it for node -1 first, then for each accepted child, until `*child` is
 // -1; then llama_spec_dflash2_accept_tree(spec, seq_id, path, n) with the
 // accepted children in order (accept_tree checks it), and commit the target's
