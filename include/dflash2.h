@@ -21,7 +21,10 @@
 // 3: llama_spec_dflash2_draft_request gained temperature, draft_temperature
 // and seed (sampled drafts; zero = greedy as before, but the struct is larger);
 // llama_spec_dflash2_top_k, _draft_q, _verify_sampled_step, _verify_sampled.
-#define LLAMA_SPEC_DFLASH2_API_VERSION 3
+// 4: llama_spec_dflash2_tree_request gained temperature, draft_temperature
+// and seed (sampled trees; zero = the greedy tree as before, but the struct is
+// larger); llama_spec_dflash2_verify_tree_sampled_step, _verify_tree_sampled.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 4
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -234,7 +237,8 @@ struct llama_spec_dflash2_draft_request {
 };
 
 // One sequence's part of a tree draft call (llama_spec_dflash2_draft_tree).
-// Zero-initialised limits give the defaults.
+// Zero-initialised limits give the defaults; zero-initialised sampling fields
+// the greedy tree.
 struct llama_spec_dflash2_tree_request {
   int32_t seq_id;
   // The token the host sampled last: it anchors the tree. The target has not
@@ -253,6 +257,19 @@ struct llama_spec_dflash2_tree_request {
   // llama_spec_dflash2_draft_tree); 0: the target context's n_seq_max.
   // More than n_seq_max is refused.
   int32_t max_leaves;
+  // The host's sampling temperature for this sequence (finite, >= 0), as in
+  // llama_spec_dflash2_draft_request. 0: the greedy tree (the fields below
+  // are ignored), bit for bit what it was before these fields existed.
+  // Above 0: a sampled tree (see llama_spec_dflash2_draft_tree), verified
+  // with llama_spec_dflash2_verify_tree_sampled[_step].
+  float temperature;
+  // Temperature of the tree's draws when temperature > 0: < 0 or 0 (unset) =
+  // temperature; > 0 = this value. NaN and infinities are refused.
+  float draft_temperature;
+  // Seed of the sequence's generators, shared with its sampled chain drafts
+  // (see llama_spec_dflash2_draft_request.seed: seeded once, then carried on
+  // across steps; the same seed and calls give the same trees and output).
+  uint32_t seed;
 };
 
 // One node of a draft tree. The tree hangs from the anchor (id_last), which
@@ -267,7 +284,9 @@ struct llama_spec_dflash2_tree_node {
   // where n_past is the anchor's position.
   int32_t depth;
   // Edge probability: the lattice's softmax of this token given its parent
-  // (the drafter's estimate that it is the target's argmax there).
+  // (the drafter's estimate that it is the target's argmax there). In a
+  // sampled tree: q(token | parent), the probability the token was drawn
+  // with as its parent's first child (at the draft temperature).
   float prob;
   // Product of the edge probabilities from the anchor down to this node; the
   // sum over nodes is the lattice's expectation of accepted tokens.
@@ -681,6 +700,22 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // whose siblings do not pay becomes its chain. With the greedy walk trees
 // always grow to their request.
 //
+// A request with temperature > 0 gets a sampled tree instead, for lossless
+// verification at that temperature: the same best-first growth, but each
+// child is drawn when its slot comes up, from q = softmax(S[parent's
+// candidate] / draft_temperature) over the usable candidates (duplicate ids
+// merged), without its earlier siblings; slots are ordered by their parent's
+// path probability times the expected q of the next draw, so which children
+// a node gets is decided before they are drawn (what the verification needs).
+// q is kept per parent for llama_spec_dflash2_verify_tree_sampled[_step].
+// p_min cuts a node's children on its row's temperature-1 confidence, known
+// before any draw; n_min does not apply (dropping a short sampled tree would
+// bias it); the adaptive walk sizes the tree (its n_nodes) from the greedy
+// tree of the same lattice, before any draw. A sampled tree of 0 nodes (no
+// block decoded) still verifies: its bonus token, from the anchor's p.
+// The draws use the sequence's draft generator (request.seed), the
+// verification its verify generator.
+//
 // Every requested sequence then has its tree awaiting
 // llama_spec_dflash2_accept_tree (or verify_tree_greedy); an empty tree needs
 // none. The host verifies a tree in one target batch (llama.cpp, no new kernel):
@@ -729,9 +764,11 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // (fresh ids), at most 256 (LLAMA_MAX_SEQ), n_batch >= S * (1 + N) for one
 // verify batch, and S * (1 + N) free cells beyond the sequences' prefixes.
 //
-// Returns 0, or _INVALID_ARGUMENT (a negative limit, an id_last outside the
-// vocabulary, a sequence twice, a tree the target cannot hold: 1 + n_nodes rows
-// beyond its n_batch or n_ctx, max_leaves beyond its n_seq_max) /
+// Returns 0, or _INVALID_ARGUMENT (more requests than the engine's sequences,
+// found before `requests` is read; a negative limit, an id_last outside the
+// vocabulary, a bad temperature or draft_temperature, a sequence twice, a tree
+// the target cannot hold: 1 + n_nodes rows beyond its n_batch or n_ctx,
+// max_leaves beyond its n_seq_max) /
 // _BUFFER_TOO_SMALL / _INVALID_STATE (a sequence's previous draft, chain or
 // tree, was never accepted) / _NULL_ARGUMENT / _UNKNOWN_SEQUENCE / _BACKEND;
 // nothing changes on an error found before the decode.
@@ -752,9 +789,15 @@ int32_t llama_spec_dflash2_draft_tree(struct llama_spec_dflash2 *spec,
 // been passed to process() (a host may verify only the first k nodes, which
 // form a tree, and accept a path among them). An empty tree held no rows:
 // accept_tree(seq_id, NULL, 0) closes it, and skipping it is allowed too.
+// A sampled tree verified with llama_spec_dflash2_verify_tree_sampled_step
+// must be accepted with the path that call accepted, once it emitted its
+// token; one not verified by it takes any path (a host may verify a sampled
+// tree by sample-and-match, lossless for any tree drawn independently of the
+// target's samples).
 // Returns 0, or _INVALID_STATE (no draft, a chain draft: accept() it; the
-// path's rows not passed to process()) / _INVALID_ARGUMENT (a node index out of
-// range, a path that does not go from the anchor parent to child) /
+// path's rows not passed to process(); verify_tree_sampled_step not finished)
+// / _INVALID_ARGUMENT (a node index out of range, a path that does not go from
+// the anchor parent to child, not the path verify_tree_sampled_step accepted) /
 // _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing changes then.
 int32_t llama_spec_dflash2_accept_tree(struct llama_spec_dflash2 *spec,
                                        int32_t seq_id,
@@ -789,6 +832,97 @@ int32_t llama_spec_dflash2_verify_tree_greedy(struct llama_spec_dflash2 *spec,
                                               int32_t n_emitted_max,
                                               int32_t *n_emitted,
                                               int32_t *path);
+
+// Lossless verification of one node of the sampled tree of `seq_id` (drafted
+// with temperature > 0), for a host that computes the target's distribution
+// row by row (llama.cpp's sampler chain per verify row): the tree form of
+// llama_spec_dflash2_verify_sampled_step.
+//
+// `node` is -1 for the anchor, else the node whose verify row `p` comes from
+// (row node + 1 of the tree's rows in llama_spec_dflash2_draft_tree's order).
+// `p` is the host's sampling distribution at that row, the candidates as its
+// sampler chain leaves `cur_p` (temperature, top-k, top-p, min-p, ... applied
+// by the host; read through `.id` and `.p` only, any order, possibly
+// truncated; every `.p` finite and >= 0, ids in the vocabulary, summing to 1
+// within 1e-3, then renormalized; a chain that truncates without
+// renormalizing must end with a softmax, as llama.cpp's `dist` does).
+//
+// With the sequence's verify generator, the node's children c_1, c_2, ... (in
+// tree order, the order they were drawn in) are tried one after another: c_k
+// is accepted with probability min(1, p_k(c_k) / q_k(c_k)), where p_1 = p and
+// q_1 = q (the distribution the children were drawn from); after a rejection
+// p_{k+1} = max(0, p_k - q_k) normalized and q_{k+1} = q_k without c_k,
+// normalized. An accepted child: `*child` = its node index, `*token` = its
+// token, and the next call is at that child with p of its row. All rejected,
+// or a node without children: `*child` = -1, `*token` = a token drawn from the
+// last p_k (the residual; p itself for a node without children: the bonus),
+// and the verification ends. Every token written is distributed as the
+// target's p at its position, whatever the tree; a node's rejected children
+// are never emitted. Cost: one call per row of the accepted path (the host's
+// sampler chain runs on those rows only), O(|q's support| + |p|) each.
+//
+// Caveats: the random numbers are the engine's (the sequence's verify
+// generator, request.seed), not the host's sampler's: the output follows the
+// host's distribution with other draws than target-only sampling. A stateful
+// chain (penalties, grammar) must give p at a node's row as it stands after
+// the anchor and that node's path, and advance only along the tokens emitted.
+// A node accepts one of its children at least as often as its first child
+// alone (a chain's draw) would be accepted; how much the siblings add depends
+// on how much of p the first draw leaves uncovered, and a tree spends verify
+// rows on siblings that a chain spends on depth.
+//
+// Call it for node -1 first, then for each accepted child, until `*child` is
+// -1; then llama_spec_dflash2_accept_tree(spec, seq_id, path, n) with the
+// accepted children in order (accept_tree checks it), and commit the target's
+// KV to that path (llama_spec_dflash2_draft_tree). Returns 0, or
+// _INVALID_STATE (no tree awaiting accept_tree, a greedy tree or a chain
+// draft, `node` not the next one down the accepted path, the verification
+// ended) / _INVALID_ARGUMENT (`node` outside -1 .. n_nodes - 1, a bad p) /
+// _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; on error nothing changes (no random
+// number is used) and the same node may be retried.
+int32_t llama_spec_dflash2_verify_tree_sampled_step(struct llama_spec_dflash2 *spec,
+                                                    int32_t seq_id,
+                                                    int32_t node,
+                                                    const llama_token_data_array *p,
+                                                    llama_token *token,
+                                                    int32_t *child);
+
+// Lossless verification of the whole sampled tree of `seq_id` and
+// accept_tree() in one call, with the target's distributions as dense rows,
+// for a host that has them at once: the tree form of
+// llama_spec_dflash2_verify_sampled. After the verify batch was decoded and
+// passed to process(): `p_rows` holds `n_rows` = n_nodes + 1 rows of
+// `n_vocab` floats (row-major; n_vocab the model's), row 0 the host's
+// sampling distribution at the anchor's verify row, row i + 1 at node i's
+// (the target's logits of that row put through the host's sampler chain,
+// e.g. softmax(logits / temperature)), each finite, >= 0, summing to 1 within
+// 1e-3 (then renormalized). Every row is checked before any random number is
+// drawn.
+//
+// It runs llama_spec_dflash2_verify_tree_sampled_step's rule from the anchor
+// down (the same draws: the same output as calling it node by node with
+// these rows) and accepts the path. `emitted` (room for `n_emitted_max` >= the
+// tree's depth + 1 tokens) receives what the host emits this step: the d
+// accepted nodes' tokens, then the residual or bonus token; `*n_emitted` =
+// d + 1, and the last token is the next step's id_last. `path`: NULL, or room
+// for n_emitted_max - 1 entries (at least the tree's depth): receives the d
+// accepted node indices, for the target's commit calls. Cost: the host makes
+// p for all n_nodes + 1 rows (the step form needs only the path's d + 1).
+//
+// Returns 0, or _INVALID_STATE (no tree awaiting accept_tree, a greedy tree or
+// a chain draft, one that verify_tree_sampled_step began, its verify rows not
+// passed to process()) / _INVALID_ARGUMENT (n_rows not the node count + 1,
+// n_vocab not the model's, a row that is not a distribution) /
+// _BUFFER_TOO_SMALL / _NULL_ARGUMENT / _UNKNOWN_SEQUENCE; nothing changes then.
+int32_t llama_spec_dflash2_verify_tree_sampled(struct llama_spec_dflash2 *spec,
+                                               int32_t seq_id,
+                                               const float *p_rows,
+                                               int32_t n_rows,
+                                               int32_t n_vocab,
+                                               llama_token *emitted,
+                                               int32_t n_emitted_max,
+                                               int32_t *n_emitted,
+                                               int32_t *path);
 
 // Mirrors llama_memory_seq_rm on the target: removes the rows at target
 // positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every

@@ -45,6 +45,22 @@ inline draft_request make_request(llama_seq_id seq_id, llama_token id_last, int3
     r.seed              = seed;
     return r;
 }
+// a tree request: the greedy tree (temperature 0) unless a temperature is given,
+// then a sampled tree verified with verify_tree_sampled[_step]; limits of 0 take
+// the engine's defaults
+inline tree_request make_tree_request(llama_seq_id seq_id, llama_token id_last, int32_t n_nodes, int32_t max_depth = 0,
+        int32_t max_leaves = 0, float temperature = 0.0f, uint32_t seed = 0, float draft_temperature = -1.0f) {
+    tree_request r = {};
+    r.seq_id            = seq_id;
+    r.id_last           = id_last;
+    r.n_nodes           = n_nodes;
+    r.max_depth         = max_depth;
+    r.max_leaves        = max_leaves;
+    r.temperature       = temperature;
+    r.draft_temperature = draft_temperature;
+    r.seed              = seed;
+    return r;
+}
 using stats           = llama_spec_dflash2_stats;
 using seq_info        = struct llama_spec_dflash2_seq_info; // the function of that name hides the plain tag
 using checkpoint_info = llama_spec_dflash2_checkpoint_info;
@@ -181,6 +197,37 @@ struct engine {
                 emitted.data(), (int32_t) emitted.size(), &n_emitted, path.data()), "verify_tree_greedy");
         emitted.resize(n_emitted);
         path.resize(n_emitted - 1);
+    }
+
+    // lossless verification of one node of seq_id's sampled tree (-1: the anchor)
+    // against the host's distribution p at its verify row
+    // (llama_spec_dflash2_verify_tree_sampled_step): returns the accepted child's
+    // node index, the next node to verify, or -1 at the end; `token` receives
+    // what the host emits (the child's token, or the residual/bonus token)
+    int32_t verify_tree_sampled_step(llama_seq_id seq_id, int32_t node, const llama_token_data_array & p,
+            llama_token & token) {
+        int32_t child = -1;
+        check(llama_spec_dflash2_verify_tree_sampled_step(get(), seq_id, node, &p, &token, &child),
+                "verify_tree_sampled_step");
+        return child;
+    }
+
+    // lossless verification of seq_id's whole sampled tree from dense p rows
+    // (n_rows x n_vocab, anchor first) and its accept_tree(); as verify_tree_greedy
+    void verify_tree_sampled(llama_seq_id seq_id, const std::vector<float> & p_rows, int32_t n_rows, int32_t n_vocab,
+            std::vector<llama_token> & emitted, std::vector<int32_t> & path) {
+        emitted.resize(n_rows);
+        path.resize(n_rows);
+        int32_t n_emitted = 0;
+        check(llama_spec_dflash2_verify_tree_sampled(get(), seq_id, p_rows.data(), n_rows, n_vocab, emitted.data(),
+                (int32_t) emitted.size(), &n_emitted, path.data()), "verify_tree_sampled");
+        emitted.resize(n_emitted);
+        path.resize(n_emitted - 1);
+    }
+
+    // accept_tree(): the host verified seq_id's tree and keeps `path` (node indices, depth 1 first)
+    void accept_tree(llama_seq_id seq_id, const std::vector<int32_t> & path) {
+        check(llama_spec_dflash2_accept_tree(get(), seq_id, path.data(), (int32_t) path.size()), "accept_tree");
     }
 
     void accept(llama_seq_id seq_id, int32_t n_accepted) {

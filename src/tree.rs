@@ -603,8 +603,9 @@ pub fn grow_tree(lattice: &Lattice, limits: TreeLimits, n_vocab: usize) -> Tree 
 }
 
 /// A sampled tree and the draft distribution each parent's children were
-/// drawn from, for [`verify_sampled_tree`].
-#[derive(Clone, Debug, PartialEq)]
+/// drawn from, for [`verify_sampled_tree`]. The default: no node (a tree not
+/// drafted, verified to its bonus token).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct SampledTree {
     tree: Tree,
     /// Per slot (0 the anchor, i + 1 node i): q's distinct token ids and
@@ -621,7 +622,7 @@ impl SampledTree {
     /// from, in draw order = tree order; None where none was computed (max
     /// depth, no usable candidate, or cut by `p_min`).
     pub fn q(&self, parent: Option<usize>) -> Option<Dist<'_>> {
-        let (ids, probs) = &self.q[slot(parent)];
+        let (ids, probs) = self.q.get(slot(parent))?;
         (!ids.is_empty()).then_some(Dist::Sparse { ids, probs })
     }
 }
@@ -958,6 +959,47 @@ pub fn verify_children(children: &[i32], q: Dist, p: Dist, n_vocab: usize, rng: 
     let q = Checked::new(q, n_vocab, "q")?;
     check_children(children, &q, "node")?;
     Ok(choose(children, Some(&q), &p, rng, Rule::Lossless))
+}
+
+/// One step of verifying a [`sample_tree`] tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TreeStep {
+    /// This child node (an index into the tree) is accepted: its row is next.
+    Accept(usize),
+    /// Every child rejected (or none): emit this token; verification ends.
+    Emit(i32),
+}
+
+/// Verifies the children of `at` (None: the anchor) in a [`sample_tree`]
+/// tree against `p`, the target's distribution at `at`'s row: the step
+/// [`verify_sampled_tree`] takes there, with the same random numbers, for a
+/// host that computes p lazily along the accepted path. Inputs are checked
+/// before any random number is drawn.
+pub fn verify_sampled_node(
+    tree: &SampledTree,
+    at: Option<usize>,
+    p: Dist,
+    n_vocab: usize,
+    rng: &mut Rng,
+) -> Result<TreeStep> {
+    if at.is_some_and(|i| i >= tree.tree.len()) {
+        return Err(Error::invalid(format!("node {at:?}: the tree has {} nodes", tree.tree.len())));
+    }
+    let p = Checked::new(p, n_vocab, "p")?;
+    let kids: Vec<usize> = tree.tree.children(at).collect();
+    let tokens = tree.tree.tokens(&kids);
+    let q = match (kids.is_empty(), tree.q(at)) {
+        (true, _) => None,
+        (false, Some(q)) => Some(Checked::new(q, n_vocab, "q")?),
+        (false, None) => return Err(Error::invalid(format!("node {at:?} has children but no q"))),
+    };
+    if let Some(q) = &q {
+        check_children(&tokens, q, "node")?;
+    }
+    Ok(match choose(&tokens, q.as_ref(), &p, rng, Rule::Lossless) {
+        Outcome::Child(k) => TreeStep::Accept(kids[k]),
+        Outcome::Emit(x) => TreeStep::Emit(x),
+    })
 }
 
 /// Verifies a [`sample_tree`] tree: `p[0]` is the target's distribution at
@@ -1843,6 +1885,54 @@ mod tests {
             let got = verify_sampled_tree(&tree, &pd, V, &mut Rng::new(seed)).unwrap();
             assert_eq!((got.path.len(), &got.tokens), (want.n_accepted, &want.tokens));
         }
+    }
+
+    /// The engine's step-by-step verification (one call per row of the
+    /// accepted path, p given lazily) is `verify_sampled_tree`, draw for draw;
+    /// p rows of nodes off the path are never read.
+    #[test]
+    fn node_by_node_verification_is_the_whole_tree_s_draw_for_draw() {
+        let mut rng = Rng::new(12);
+        let mut branched = 0;
+        for seed in 0..3000u64 {
+            let (rows, n_embd, k) = random_block(&mut rng, V, false);
+            let lat = Lattice::new(&rows, n_embd, k).unwrap();
+            let limits =
+                TreeLimits { max_children: (seed % 3) as usize, ..TreeLimits::tree(1 + (seed % 7) as usize, 8) };
+            let tree = sample_tree(&lat, limits, V, [0.5, 1.0, 1.5][(seed % 3) as usize], &mut rng).unwrap();
+            let t = tree.tree();
+            branched += (t.nodes().iter().any(|n| n.depth > 1) && t.children(None).count() > 1) as usize;
+            let ps: Vec<[f32; V]> =
+                std::iter::once(target(&[])).chain((0..t.len()).map(|i| target(&t.tokens(&t.path_to(i))))).collect();
+            let pd: Vec<Dist> = ps.iter().map(|p| Dist::Dense(p)).collect();
+            let mut whole_rng = Rng::new(seed);
+            let want = verify_sampled_tree(&tree, &pd, V, &mut whole_rng).unwrap();
+            let (mut step_rng, mut at, mut path) = (Rng::new(seed), None, Vec::new());
+            let emitted = loop {
+                match verify_sampled_node(&tree, at, pd[slot(at)], V, &mut step_rng).unwrap() {
+                    TreeStep::Accept(c) => {
+                        assert_eq!(t.nodes()[c].parent(), at);
+                        path.push(c);
+                        at = Some(c);
+                    }
+                    TreeStep::Emit(x) => break x,
+                }
+            };
+            assert_eq!(path, want.path);
+            assert_eq!(*want.tokens.last().unwrap(), emitted);
+            assert_eq!(whole_rng, step_rng, "the same random numbers consumed");
+        }
+        assert!(branched > 300, "{branched}");
+        let (rows, n_embd) = &lattices()[0];
+        let lat = Lattice::new(rows, *n_embd, 3).unwrap();
+        let tree = sample_tree(&lat, TreeLimits::tree(3, 2), V, 1.0, &mut rng).unwrap();
+        let p = target(&[]);
+        let before = rng.clone();
+        let e = verify_sampled_node(&tree, Some(3), Dist::Dense(&p), V, &mut rng).unwrap_err();
+        assert!(e.message.contains("3 nodes"), "{}", e.message);
+        let e = verify_sampled_node(&tree, None, Dist::Dense(&[0.5f32; V]), V, &mut rng).unwrap_err();
+        assert!(e.message.contains("sum"), "{}", e.message);
+        assert_eq!(rng, before, "no random number drawn on an error");
     }
 
     #[test]

@@ -122,6 +122,7 @@ fn request(seq: i32, id_last: i32, shape: Shape) -> llama_spec_dflash2_tree_requ
         max_depth: 0,
         max_children: shape.max_children,
         max_leaves: shape.max_leaves,
+        ..Default::default()
     }
 }
 
@@ -762,10 +763,16 @@ fn bad_tree_calls_are_refused_and_change_nothing() {
     bad = shaped(6, 0, 4);
     bad.seq_id = 1;
     refused(try_draft_tree(&spec, &[bad], 16).0, "UNKNOWN_SEQUENCE", "sequence 1");
-    refused(try_draft_tree(&spec, &[shaped(2, 0, 4), shaped(2, 0, 4)], 16).0, "INVALID_ARGUMENT", "twice");
+    // a sequence twice is two requests for this engine of one sequence: the count is refused first
+    // (engine_tree_sampled checks "twice" on four sequences)
+    let twice = [shaped(2, 0, 4), shaped(2, 0, 4)];
+    refused(try_draft_tree(&spec, &twice, 16).0, "INVALID_ARGUMENT", "2 requests for an engine of 1");
     let mut n = [0i32];
     let rc = unsafe { llama_spec_dflash2_draft_tree(spec.0, ptr::null(), 1, ptr::null_mut(), 0, n.as_mut_ptr()) };
     refused(rc, "NULL_ARGUMENT", "requests");
+    // more requests than the engine's sequences: a bad count, refused before the array is read
+    let rc = unsafe { llama_spec_dflash2_draft_tree(spec.0, ptr::null(), 2, ptr::null_mut(), 0, n.as_mut_ptr()) };
+    refused(rc, "INVALID_ARGUMENT", "2 requests for an engine of 1");
     unchanged(&info);
 
     // a tree that branches

@@ -7,7 +7,8 @@
 //! This file holds the engine and what it reports; each step lives in its own
 //! file: `feed` (target rows in: process, accept), `draft_step`, `verify`,
 //! `memory` (the host's memory operations), `state` (save and restore),
-//! `tree_step` (tree drafts over the same decode, accept_tree).
+//! `tree_step` (tree drafts over the same decode, accept_tree), `tree_sampled`
+//! (trees at temperature > 0 and their lossless verification).
 
 mod claim;
 mod draft_step;
@@ -21,6 +22,7 @@ mod setup;
 mod state;
 mod state_blob;
 pub mod stats;
+mod tree_sampled;
 mod tree_step;
 mod verify;
 

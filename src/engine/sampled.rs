@@ -50,8 +50,8 @@ pub(super) fn mode(r: &Request) -> Result<Mode> {
 #[derive(Clone, Debug)]
 pub struct SeqRng {
     seed: u32,
-    draft: Rng,
-    verify: Rng,
+    pub(super) draft: Rng,
+    pub(super) verify: Rng,
 }
 
 impl SeqRng {
@@ -154,7 +154,7 @@ impl Walked {
             Walked::Greedy(_) => None,
             Walked::Sampled(picks) => Some(SampledDraft { picks, next: 0, verdict: None }),
         };
-        Outstanding { tokens, confidences, after_target, sampled, tree: None }
+        Outstanding { tokens, confidences, after_target, sampled, tree: None, sampled_tree: None }
     }
 }
 
@@ -207,7 +207,7 @@ impl Engine {
 
     /// A copy of the verify generator of sequence index `s` (committed back
     /// only when the call succeeds).
-    fn verify_rng(&self, s: usize, seq: i32) -> Result<Rng> {
+    pub(super) fn verify_rng(&self, s: usize, seq: i32) -> Result<Rng> {
         self.seqs[s]
             .rng
             .as_ref()

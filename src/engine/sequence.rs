@@ -4,6 +4,7 @@
 
 use super::row_queue::RowQueue;
 use super::sampled::{SampledDraft, SeqRng};
+use super::tree_sampled::SampledTreeDraft;
 use crate::positions::{KvEdit, SeqMap, TargetRange};
 use crate::tree::Tree;
 
@@ -22,6 +23,9 @@ pub struct Outstanding {
     /// verify rows the anchor's then one per node in that order, and only
     /// accept_tree() settles it.
     pub tree: Option<Tree>,
+    /// A sampled tree's q and verification progress (None: a greedy tree or a
+    /// chain); its tree is `tree`'s.
+    pub sampled_tree: Option<SampledTreeDraft>,
 }
 
 pub struct Sequence {

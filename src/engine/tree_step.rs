@@ -1,8 +1,10 @@
 //! Tree drafts: the chain's one noise-block decode (`draft_step`), grown into
-//! a best-first tree over each block's lattice (`crate::tree::grow_tree`)
-//! instead of walked as a chain; the tree's verify rows held as one draft's;
-//! accept_tree() commits the anchor row and the accepted path's rows, in path
-//! order, at the sequence's next dense draft positions and drops the rest.
+//! a best-first tree over each block's lattice (`crate::tree::grow_tree`; at
+//! temperature > 0 drawn from it, `crate::tree::sample_tree`, verified in
+//! `tree_sampled`) instead of walked as a chain; the tree's verify rows held as
+//! one draft's; accept_tree() commits the anchor row and the accepted path's
+//! rows, in path order, at the sequence's next dense draft positions and drops
+//! the rest.
 //!
 //! Verify rows of a tree come in tree order, anchor first: the anchor at the
 //! sequence's next position, node i at the anchor's position + its depth.
@@ -12,12 +14,14 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use super::sampled::{self, Mode};
 use super::stats::us_since;
+use super::tree_sampled::SampledTreeDraft;
 use super::{Engine, Request, Row};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::sys::TreeRoom;
-use crate::tree::{Tree, TreeLimits, accept_matching, grow_tree};
+use crate::tree::{SampledTree, Tree, TreeLimits, accept_matching, grow_tree, sample_tree};
 
 /// One sequence's part of a tree draft call.
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +38,12 @@ pub struct TreeRequest {
     /// Most leaves, i.e. path sequence ids the host has for this tree; 0: as
     /// many as the target context has sequence ids.
     pub max_leaves: i32,
+    /// As a chain request's (`Request`): 0 grows the greedy tree; > 0 draws
+    /// a sampled tree with q at `draft_temperature` (<= 0: `temperature`),
+    /// from the sequence's generators for `seed`.
+    pub temperature: f32,
+    pub draft_temperature: f32,
+    pub seed: u32,
 }
 
 /// Whether the chain fallback was logged: for a split KV cache, for memory
@@ -105,14 +115,14 @@ impl Engine {
                 seq: r.seq,
                 id_last: r.id_last,
                 n_max: l.max_depth as i32,
-                // trees are greedy: their sampled verification is not wired yet
-                temperature: 0.0,
-                draft_temperature: 0.0,
-                seed: 0,
+                temperature: r.temperature,
+                draft_temperature: r.draft_temperature,
+                seed: r.seed,
             })
             .collect();
-        // sequences, tokens and outstanding drafts as the chain checks them
+        // sequences, tokens, temperatures and outstanding drafts as the chain checks them
         self.check_requests(&chain, usize::MAX, reqs.len())?;
+        let modes = chain.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
         let needed: usize = limits.iter().map(|l| l.n_nodes).sum();
         if room < needed {
             return Err(Error::buffer_too_small(format!(
@@ -124,6 +134,7 @@ impl Engine {
         if reqs.is_empty() {
             return Ok(trees);
         }
+        let mut sampled_trees: Vec<Option<SampledTree>> = vec![None; reqs.len()];
         // the controller (adaptive walk): no tree this step, or each tree cut
         // to the nodes that pay for their verify rows
         let drafting = self.policy.as_mut().is_none_or(|p| p.begin_step(Instant::now(), reqs.len()));
@@ -140,17 +151,36 @@ impl Engine {
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();
         for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
-            let mut tree = grow_tree(&lattice, limits[block.request], n_vocab);
-            if let Some(policy) = self.policy.as_mut() {
-                tree.truncate(policy.keep_tree(&tree));
+            let (i, mut lim) = (block.request, limits[block.request]);
+            match modes[i] {
+                Mode::Greedy => {
+                    let mut tree = grow_tree(&lattice, lim, n_vocab);
+                    if let Some(policy) = self.policy.as_mut() {
+                        tree.truncate(policy.keep_tree(&tree));
+                    }
+                    trees[i] = tree;
+                }
+                Mode::Sampled { t_draft, seed } => {
+                    // The controller sizes a sampled tree before any draw, from
+                    // the lattice's greedy tree: a cut that saw the drawn
+                    // children would bias the verification.
+                    if let Some(policy) = self.policy.as_mut() {
+                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab));
+                    }
+                    let seq = reqs[i].seq;
+                    let rng = &mut sampled::seeded(&mut self.seqs[seq as usize].rng, seed, seq).draft;
+                    let st = sample_tree(&lattice, lim, n_vocab, t_draft, rng)?;
+                    trees[i] = st.tree().clone();
+                    sampled_trees[i] = Some(st);
+                }
             }
-            trees[block.request] = tree;
         }
         self.stats.t_walk_us += us_since(t);
 
-        for (r, tree) in reqs.iter().zip(&mut trees) {
+        for (i, (r, tree)) in reqs.iter().zip(&mut trees).enumerate() {
             let mut depth = tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0);
-            if depth < self.limits.n_min {
+            // a sampled tree is never dropped for its depth: that would bias it
+            if depth < self.limits.n_min && modes[i] == Mode::Greedy {
                 *tree = Tree::default(); // as the chain drops a draft below n_min
                 depth = 0;
             }
@@ -161,12 +191,21 @@ impl Engine {
                 *slot += 1;
             }
             let seq = &mut self.seqs[r.seq as usize];
+            // a sampled tree of no nodes (not drafting, no room) still verifies: its bonus token
+            let sampled_tree = match modes[i] {
+                Mode::Greedy => None,
+                Mode::Sampled { seed, .. } => {
+                    sampled::seeded(&mut seq.rng, seed, r.seq);
+                    Some(SampledTreeDraft::new(sampled_trees[i].take().unwrap_or_default()))
+                }
+            };
             seq.outstanding = Some(super::sequence::Outstanding {
                 tokens: nodes.iter().map(|n| n.token).collect(),
                 confidences: nodes.iter().map(|n| n.prob).collect(),
                 after_target: seq.last_target_pos(),
                 sampled: None,
                 tree: Some(tree.clone()),
+                sampled_tree,
             });
         }
         if let Some(policy) = self.policy.as_mut() {
@@ -191,6 +230,9 @@ impl Engine {
             )));
         };
         let path = root_path(tree, path)?;
+        if let Some(st) = o.sampled_tree.as_ref() {
+            st.check_accept(seq, &path)?;
+        }
         let n_rows = if tree.is_empty() { 0 } else { 1 + path.last().map_or(0, |&i| i + 1) };
         if q.held.len() < n_rows {
             return Err(Error::invalid_state(format!(

@@ -16,7 +16,10 @@ use crate::params::llama_spec_dflash2_params;
 /// 3: llama_spec_dflash2_draft_request gained temperature, draft_temperature
 /// and seed (sampled drafts; zero = greedy as before, but the struct is larger);
 /// llama_spec_dflash2_top_k, _draft_q, _verify_sampled_step, _verify_sampled.
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 3;
+/// 4: llama_spec_dflash2_tree_request gained temperature, draft_temperature
+/// and seed (sampled trees; zero = the greedy tree as before, but the struct is
+/// larger); llama_spec_dflash2_verify_tree_sampled_step, _verify_tree_sampled.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 4;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

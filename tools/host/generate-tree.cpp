@@ -1,9 +1,14 @@
-// Tree drafts in the host (dflash2 only, greedy): each step one
+// Tree drafts in the host (dflash2 only): each step one
 // llama_spec_dflash2_draft_tree call for the generating sequences, one target
 // batch verifying every tree with the multi-sequence encoding of dflash2.h (one
 // path sequence id per leaf in a unified KV cache, a node tagged with the ids of
-// the leaves below it), the longest path the target agrees with accepted by
-// llama_spec_dflash2_verify_tree_greedy, and the target's KV cut to that path.
+// the leaves below it), a path accepted, and the target's KV cut to that path.
+// Greedy (--temp 0): the longest path the target agrees with, by
+// llama_spec_dflash2_verify_tree_greedy. Sampled (--temp T > 0): sampled trees
+// (the request carries T, --draft-temp and the stream's seed), verified
+// losslessly node by node down the accepted path with
+// llama_spec_dflash2_verify_tree_sampled_step against p = the stream's sampler
+// chain (host.h) at each node's row, then llama_spec_dflash2_accept_tree.
 //
 // Exactness: a tree's rejected cells lie between its kept ones; freed, the next
 // rows would reuse them out of position order, and ggml's CPU attention, which
@@ -89,6 +94,26 @@ struct tree_step {
     std::vector<int32_t>                   rows;  // batch indices: anchor, then node i
 };
 
+// lossless verification of a sampled tree: from the anchor down, the children
+// of the current node against p at its row (the stream's sampler chain), until
+// a token comes from a residual or as the bonus; then accept_tree(path)
+void verify_sampled(const host_target & tgt, dflash2::engine & engine, host_stream & s, const tree_step & st,
+        std::vector<llama_token> & emitted, std::vector<int32_t> & path) {
+    emitted.clear();
+    path.clear();
+    int32_t node = -1;
+    while (true) {
+        llama_token token = LLAMA_TOKEN_NULL;
+        node = engine.verify_tree_sampled_step(s.seq, node, s.smpl->apply(tgt, st.rows[node + 1]), token);
+        emitted.push_back(token);
+        if (node < 0) {
+            break;
+        }
+        path.push_back(node);
+    }
+    engine.accept_tree(s.seq, path);
+}
+
 void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
         std::vector<host_stream> & streams, host_stats & stats) {
     llama_memory_t mem = llama_get_memory(tgt.ctx);
@@ -132,6 +157,11 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             r.n_nodes    = n_nodes;
             r.max_depth  = std::min(tgt.params.n_max, std::max(left, 1));
             r.max_leaves = n_leaves;
+            if (tgt.sampled()) {
+                r.temperature       = tgt.params.temp;
+                r.draft_temperature = tgt.params.draft_temp;
+                r.seed              = s.seed;
+            }
             reqs.push_back(r);
         }
         int64_t t = host_time_us();
@@ -173,7 +203,11 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             const tree_ids ids = ids_of(s.seq, np, n_leaves);
             const tree_step & st = steps[k];
             t = host_time_us();
-            engine.verify_tree_greedy(s.seq, st.rows, emitted, path);
+            if (tgt.sampled()) {
+                verify_sampled(tgt, engine, s, st, emitted, path);
+            } else {
+                engine.verify_tree_greedy(s.seq, st.rows, emitted, path);
+            }
             stats.t_accept_us += host_time_us() - t;
 
             const int32_t d = (int32_t) path.size();

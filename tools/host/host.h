@@ -11,7 +11,9 @@
 // token from it; upstream drafts greedily and keeps a drafted token while the
 // token sampled at its position equals it (llama.cpp's sample-and-match, so its
 // output equals target-only's token for token); dflash2 drafts by sampling the
-// lattice and verifies losslessly with rejection sampling (verify_sampled_step).
+// lattice and verifies losslessly with rejection sampling (verify_sampled_step);
+// its tree modes draw sampled trees and verify them node by node with the tree
+// form of that rule (verify_tree_sampled_step).
 #pragma once
 
 #include "common.h"
@@ -175,7 +177,8 @@ struct host_generation {
 host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts);
 
 // dflash2 tree drafts of at most n_nodes nodes and n_leaves leaves per step,
-// verified in one target batch per step (generate-tree.cpp); the target context
+// verified in one target batch per step (generate-tree.cpp; greedy at --temp 0,
+// sampled trees verified losslessly above it); the target context
 // needs reset_context(np, host_tree_seq_ids(np, n_leaves)). walk: an enum
 // llama_spec_dflash2_walk value (adaptive: the controller picks no draft, a
 // chain or a tree each step)
