@@ -188,14 +188,19 @@ impl Engine {
         self.n_vocab
     }
 
+    /// The draft awaiting its accept call on `seq` (`awaiting` names it in
+    /// the error), and the sequence's index.
+    pub(super) fn outstanding_draft(&self, seq: i32, what: &str, awaiting: &str) -> Result<(usize, &Outstanding)> {
+        let s = self.seq_index(seq)?;
+        match self.seqs[s].outstanding.as_ref() {
+            Some(o) => Ok((s, o)),
+            None => Err(Error::invalid_state(format!("{what} on sequence {seq}, which has no {awaiting}"))),
+        }
+    }
+
     /// The sampled draft awaiting accept() on `seq`.
     fn sampled_draft(&self, seq: i32, what: &str) -> Result<(usize, &Outstanding, &SampledDraft)> {
-        let s = self.seq_index(seq)?;
-        let Some(o) = self.seqs[s].outstanding.as_ref() else {
-            return Err(Error::invalid_state(format!(
-                "{what} on sequence {seq}, which has no draft awaiting accept()"
-            )));
-        };
+        let (s, o) = self.outstanding_draft(seq, what, "draft awaiting accept()")?;
         let Some(sd) = o.sampled.as_ref() else {
             return Err(Error::invalid_state(format!(
                 "{what} on sequence {seq}, whose draft is greedy (temperature 0): it has no q; verify it with \

@@ -63,12 +63,7 @@ impl SampledTreeDraft {
 impl Engine {
     /// The sampled tree awaiting accept_tree() on `seq`, and its index.
     fn sampled_tree(&self, seq: i32, what: &str) -> Result<(usize, &SampledTreeDraft)> {
-        let s = self.seq_index(seq)?;
-        let Some(o) = self.seqs[s].outstanding.as_ref() else {
-            return Err(Error::invalid_state(format!(
-                "{what} on sequence {seq}, which has no tree draft awaiting accept_tree()"
-            )));
-        };
+        let (s, o) = self.outstanding_draft(seq, what, "tree draft awaiting accept_tree()")?;
         let Some(st) = o.sampled_tree.as_ref() else {
             return Err(Error::invalid_state(format!(
                 "{what} on sequence {seq}, whose draft is {}",

@@ -93,12 +93,9 @@ pub unsafe extern "C" fn llama_spec_dflash2_verify_sampled_step(
     accepted: *mut bool,
 ) -> i32 {
     engine_status(spec, |e| {
-        let p = input(p, "p")?;
+        let (ids, probs) = sparse_dist(p)?;
         let token = output(token, "token")?;
         let accepted = output(accepted, "accepted")?;
-        let data = slice(p.data.cast_const(), p.size, "p->data")?;
-        let ids: Vec<i32> = data.iter().map(|d| d.id).collect();
-        let probs: Vec<f32> = data.iter().map(|d| d.p).collect();
         let (t, a) = e.verify_sampled_step(seq_id, i, Dist::Sparse { ids: &ids, probs: &probs })?;
         *token = t;
         *accepted = a;
@@ -144,12 +141,29 @@ pub unsafe extern "C" fn llama_spec_dflash2_verify_sampled(
     n_emitted: *mut i32,
 ) -> i32 {
     engine_status(spec, |e| {
-        let (rows, vocab) = (count(n_rows, "n_rows")?, count(n_vocab, "n_vocab")?);
-        let len = rows.checked_mul(vocab).ok_or_else(|| crate::Error::invalid("n_rows * n_vocab overflows"))?;
-        let p = slice(p_rows, len, "p_rows")?;
+        let (p, rows, vocab) = dense_rows(p_rows, n_rows, n_vocab)?;
         let out = slice_mut(emitted, count(n_emitted_max, "emitted")?, "emitted")?;
         let n_out = output(n_emitted, "n_emitted")?;
         *n_out = e.verify_sampled(seq_id, p, rows, vocab, out)? as i32;
         Ok(())
     })
+}
+
+/// A host's sparse distribution (`llama_token_data_array`, ids and p) as the
+/// engine's ids and probabilities.
+pub(super) fn sparse_dist(p: *const llama_token_data_array) -> crate::error::Result<(Vec<i32>, Vec<f32>)> {
+    let p = input(p, "p")?;
+    let data = slice(p.data.cast_const(), p.size, "p->data")?;
+    Ok((data.iter().map(|d| d.id).collect(), data.iter().map(|d| d.p).collect()))
+}
+
+/// `n_rows` dense rows of `n_vocab` probabilities, with both counts checked.
+pub(super) fn dense_rows<'a>(
+    p_rows: *const f32,
+    n_rows: i32,
+    n_vocab: i32,
+) -> crate::error::Result<(&'a [f32], usize, usize)> {
+    let (rows, vocab) = (count(n_rows, "n_rows")?, count(n_vocab, "n_vocab")?);
+    let len = rows.checked_mul(vocab).ok_or_else(|| crate::Error::invalid("n_rows * n_vocab overflows"))?;
+    Ok((slice(p_rows, len, "p_rows")?, rows, vocab))
 }

@@ -3,8 +3,9 @@
 //! temperature 0 greedily, above it losslessly against the host's sampling
 //! distribution (recursive rejection sampling over each node's children).
 
-use super::boundary::{count, engine_status, input, output, slice, slice_mut};
+use super::boundary::{count, engine_status, output, slice, slice_mut};
 use super::engine::llama_spec_dflash2;
+use super::sampling::{dense_rows, sparse_dist};
 use crate::engine::TreeRequest;
 use crate::error::Error;
 use crate::sampling::Dist;
@@ -348,12 +349,9 @@ pub unsafe extern "C" fn llama_spec_dflash2_verify_tree_sampled_step(
     child: *mut i32,
 ) -> i32 {
     engine_status(spec, |e| {
-        let p = input(p, "p")?;
+        let (ids, probs) = sparse_dist(p)?;
         let token = output(token, "token")?;
         let child = output(child, "child")?;
-        let data = slice(p.data.cast_const(), p.size, "p->data")?;
-        let ids: Vec<i32> = data.iter().map(|d| d.id).collect();
-        let probs: Vec<f32> = data.iter().map(|d| d.p).collect();
         let (c, t) = e.verify_tree_sampled_step(seq_id, node, Dist::Sparse { ids: &ids, probs: &probs })?;
         *token = t;
         *child = c.map_or(-1, |c| c as i32);
@@ -401,9 +399,7 @@ pub unsafe extern "C" fn llama_spec_dflash2_verify_tree_sampled(
     path: *mut i32,
 ) -> i32 {
     engine_status(spec, |e| {
-        let (rows, vocab) = (count(n_rows, "n_rows")?, count(n_vocab, "n_vocab")?);
-        let len = rows.checked_mul(vocab).ok_or_else(|| Error::invalid("n_rows * n_vocab overflows"))?;
-        let p = slice(p_rows, len, "p_rows")?;
+        let (p, rows, vocab) = dense_rows(p_rows, n_rows, n_vocab)?;
         let n_max = count(n_emitted_max, "emitted")?;
         let out = slice_mut(emitted, n_max, "emitted")?;
         let n_out = output(n_emitted, "n_emitted")?;
