@@ -1,6 +1,7 @@
 //! Regressions of the defects a hostile caller found (poisoned state blobs,
 //! two engines on one context, absurd counts, positions and shifts, a first
-//! decode of a single token): each is a clear status now, and the engine stays
+//! decode of a single token) and the fuzzers found (draft KV cells at positions
+//! libllama cannot remove): each is a clear status now, and the engine stays
 //! usable and lossless afterwards.
 
 mod common;
@@ -157,4 +158,66 @@ fn poisoned_state_blobs_are_refused_and_never_break_the_engine() {
     assert_eq!(spec.info(0).n_in_kv, p.len() as i32);
     assert_eq!(unsafe { llama_spec_dflash2_seq_clear(spec.0, -1) }, 0);
     assert_lossless(&mut target, &spec);
+}
+
+/// Where the first cell's position sits in a blob of a sequence of `n_cells`
+/// rows: after dflash2's header (magic, version, fingerprint, n_feat, n_in_kv,
+/// the map, n_queued, the queued rows, the KV length) comes libllama's sequence
+/// state: u32 magic, i32 seq_id, u32 n_stream, then for sequence 0's stream
+/// u32 cell_count and per cell i32 pos, u32 n_seq_id, i32 seq_id (the pinned
+/// llama.cpp; asserted, so that a change of that layout fails here instead of
+/// poisoning nothing).
+fn first_cell_pos_at(blob: &[u8], n_cells: usize) -> usize {
+    let u32_at = |at: usize| u32::from_le_bytes(blob[at..at + 4].try_into().unwrap()) as usize;
+    let n_feat = u32_at(16);
+    assert_eq!(u32_at(20), n_cells, "n_in_kv");
+    let queued_at = 24 + n_cells * 8;
+    let kv = queued_at + 4 + u32_at(queued_at) * (4 + 4 * n_feat) + 8;
+    assert_eq!(u32_at(kv + 4), 0, "the saved sequence id");
+    assert!(u32_at(kv + 8) >= 1, "n_stream");
+    assert_eq!(u32_at(kv + 12), n_cells, "cell_count of sequence 0's stream");
+    assert_eq!((u32_at(kv + 16), u32_at(kv + 20)), (0, 1), "first cell: position 0, one sequence id");
+    kv + 16
+}
+
+#[test]
+fn state_blobs_with_cells_libllama_cannot_remove_leave_nothing_behind() {
+    // libllama loads a blob's KV cells at whatever positions it names, and its
+    // seq_rm only reaches [0, i32::MAX): found by the state_blob fuzzer, a cell
+    // at -65494 stayed after the refusal (seq_info: kv_pos_min -65494 on an
+    // empty sequence); one at -1 would even read as an empty sequence
+    let fx = fixtures();
+    for n_seq in [1u32, 2] {
+        let mut target = Target::new(&fx.target, n_seq, 512 * n_seq, 512);
+        let spec = Spec::new(&target, &fx.drafter, default_params(n_seq));
+        let empty = state_of(&spec, 0);
+        let p = prompt(&target);
+        let prompts: Vec<Vec<i32>> = (0..n_seq as usize).map(|s| p[..p.len() - s].to_vec()).collect();
+        let mut streams = prefill(&mut target, &spec, &prompts);
+        let clean = state_of(&spec, 0);
+        let others: Vec<Vec<u8>> = (1..n_seq as i32).map(|s| state_of(&spec, s)).collect();
+        let at = first_cell_pos_at(&clean, p.len());
+        for poison in [-1, -65494, i32::MIN, i32::MAX] {
+            let mut blob = clean.clone();
+            blob[at..at + 4].copy_from_slice(&poison.to_le_bytes());
+            for _ in 0..3 {
+                let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
+                assert_eq!(rc, status_code("INVALID_ARGUMENT"), "a draft KV cell at {poison} accepted");
+                // the sequence saves as an empty one: no cell of the blob stayed
+                assert!(state_of(&spec, 0) == empty, "n_seq {n_seq}: a cell at {poison} stayed: {:?}", spec.info(0));
+                // the other sequences keep their cells
+                for (s, b) in others.iter().enumerate() {
+                    assert!(state_of(&spec, s as i32 + 1) == *b, "n_seq {n_seq}: sequence {} changed", s + 1);
+                }
+            }
+        }
+        // the clean blob loads, and every sequence goes on losslessly
+        let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, clean.as_ptr(), clean.len()) };
+        assert_eq!(rc, 0, "{}", last_error());
+        let want = greedy_reference(&fx.target, &prompts, N_GEN);
+        generate(&mut target, &spec, &mut streams, N_GEN, 3);
+        for (s, w) in streams.iter().zip(&want) {
+            assert_eq!(&s.out[..N_GEN], &w[..], "n_seq {n_seq}, sequence {}", s.seq);
+        }
+    }
 }

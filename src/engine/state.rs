@@ -1,7 +1,7 @@
 //! Saving and restoring one sequence: its position map, queued rows and draft
 //! KV cells in a state blob (`state_blob` holds the format).
 
-use super::{Engine, state_blob};
+use super::{Engine, Sequence, state_blob};
 use crate::error::{Error, Result};
 use crate::positions::TargetRange;
 
@@ -46,6 +46,44 @@ impl Engine {
         Ok(h + n)
     }
 
+    /// Removes every cell a refused blob loaded into `seq` (whose map is empty
+    /// by now). libllama's seq_rm reaches positions in [0, i32::MAX) only, and
+    /// the KV bytes of a forged blob can hold cells at negative positions or at
+    /// i32::MAX, which libllama loads as they are: they would stay for good,
+    /// attended by every later draft of the sequence and taking a cell each (a
+    /// cell at -1 even reads as an empty sequence). So the whole draft cache is
+    /// cleared and the other sequences' cells are put back from their saved
+    /// state. A sequence that does not load back is left empty, and said so.
+    fn drop_loaded_cells(&mut self, seq: i32) -> Result<()> {
+        let mut others = Vec::new();
+        for (i, q) in self.seqs.iter().enumerate() {
+            let other = i as i32;
+            if other == seq || q.map.in_kv().is_empty() {
+                continue;
+            }
+            let mut kv = vec![0u8; self.ctx.state_seq_size(other)];
+            let n = self.ctx.state_seq_get(other, &mut kv);
+            kv.truncate(n);
+            others.push((i, kv));
+        }
+        self.ctx.clear();
+        let mut lost = Vec::new();
+        for (i, kv) in others {
+            if kv.is_empty() || self.ctx.state_seq_set(i as i32, &kv) != kv.len() {
+                self.ctx.seq_rm(i as i32, -1, -1);
+                self.seqs[i] = Sequence::new(self.n_feat);
+                lost.push(i);
+            }
+        }
+        if !lost.is_empty() {
+            return Err(Error::backend(format!(
+                "a refused state blob for sequence {seq} left cells libllama cannot remove; clearing them lost \
+                 sequences {lost:?} (now empty)"
+            )));
+        }
+        Ok(())
+    }
+
     /// Replaces the state of `seq` with a blob from `state_get` (of this or
     /// another engine with the same drafter). On a libllama failure the
     /// sequence is left empty.
@@ -61,7 +99,7 @@ impl Engine {
             let n = self.ctx.state_seq_set(seq, blob.kv);
             let expected_min = blob.map.in_kv()[0].draft;
             if n == 0 || self.ctx.seq_pos_max(seq) != expected_max || self.ctx.seq_pos_min(seq) != expected_min {
-                self.ctx.seq_rm(seq, -1, -1);
+                self.drop_loaded_cells(seq)?;
                 return Err(Error::invalid(format!(
                     "the draft KV in the state blob does not load into sequence {seq} (or does not match its map)"
                 )));

@@ -216,6 +216,12 @@ impl DraftContext {
         unsafe { llama_memory_seq_cp(self.memory(), src, dst, -1, -1) }
     }
 
+    /// Drops every cell of every sequence.
+    pub fn clear(&self) {
+        // SAFETY: live memory.
+        unsafe { llama_memory_clear(self.memory(), true) }
+    }
+
     pub fn seq_pos_max(&self, seq: i32) -> i32 {
         // SAFETY: as seq_rm.
         unsafe { llama_memory_seq_pos_max(self.memory(), seq) }
