@@ -75,11 +75,15 @@ enum llama_spec_dflash2_walk {
   // The greedy chain, then as many of its tokens as pay for their
   // verification: the engine learns the acceptance per draft position and
   // lattice confidence, the host's verify time per row, its own draft decode
-  // time and the tokens per second of whole steps; it keeps a token while the
-  // chance that the target reaches and accepts it is at least the achieved rate
-  // times the cost of verifying one more row, and drafts nothing when drafting
-  // does not pay (with an exploring draft every 8 steps). Drafts may differ from
-  // upstream's; outputs stay lossless.
+  // time per row and the tokens per second of whole steps; it keeps a token
+  // while the chance that the target reaches and accepts it is at least the
+  // achieved rate times the cost of verifying one more row. Each draft call is
+  // one of: no draft (the first few calls, and whenever drafting is not expected
+  // to pay), drafts for every requesting sequence (expected to pay and not
+  // measured slower than not drafting), or a probe: one sequence in turn drafts
+  // 1-2 tokens, the others none, to keep learning. Probes are spaced so that
+  // what they are expected to lose against not drafting stays within 1% of the
+  // time measured. Drafts may differ from upstream's; outputs stay lossless.
   LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE = 1,
 };
 
@@ -693,8 +697,9 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // receives the trees concatenated in request order; `n_nodes` (room for
 // `n_requests`) the node count of each. A tree whose depth is below params.n_min
 // is empty. With the adaptive walk (params.walk) the engine's controller
-// decides per call: no tree at all (drafting measured not to pay: every
-// n_nodes is 0), or each grown tree cut to its first k nodes, the k that
+// decides per call (see LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE): no tree at all
+// (every n_nodes is 0), a probe (one request's tree of 1-2 nodes, the others
+// empty), or each grown tree cut to its first k nodes, the k that
 // maximizes the expected accepted tokens (measured acceptance by depth and
 // edge probability) minus the measured cost of k more verify rows — a tree
 // whose siblings do not pay becomes its chain. With the greedy walk trees

@@ -47,6 +47,16 @@ struct mode_result {
         return m;
     }
 
+    // the median over the runs of tokens per CPU second (the runs' own median, not the wall-time median run's)
+    double cpu_median() const {
+        std::vector<double> v;
+        for (const auto & r : runs) {
+            v.push_back(r.tokens_per_cpu_s());
+        }
+        std::sort(v.begin(), v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+    }
+
     int n_identical() const { return (int) std::count(identical.begin(), identical.end(), true); }
 };
 
@@ -60,6 +70,9 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
     if (mode == "dflash2-adaptive") {
         return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE);
     }
+    if (mode == "ar-attached" || mode == "ar-fed") {
+        return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE, /*feed_only*/ true);
+    }
     return nullptr;
 }
 
@@ -67,6 +80,13 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
 // adaptive controller: no draft, a chain or a tree each step)
 bool is_tree(const std::string & mode) {
     return mode == "dflash2-tree" || mode == "dflash2-auto";
+}
+
+// target-only with an engine on the target context, for measuring what the engine costs
+// the target's own decoding: ar-attached creates it (its tap-layer capture is on) and
+// never calls it; ar-fed also hands it every decoded row (process, seq_rm), never drafting
+bool is_diagnostic(const std::string & mode) {
+    return mode == "ar-attached" || mode == "ar-fed";
 }
 
 std::vector<std::string> split(const std::string & s) {
@@ -123,7 +143,7 @@ double ratio(const mode_result * a, const mode_result * b) {
 }
 
 void print_table(const std::vector<mode_result> & results, const std::vector<int32_t> & nps, int n_max) {
-    printf("\n%-3s %-16s %22s %9s %6s %16s %9s %9s  %s\n", "np", "mode", "tok/s median [min..max]", "tok/s/seq",
+    printf("\n%-3s %-16s %22s %9s %9s %6s %16s %9s %9s  %s\n", "np", "mode", "tok/s median [min..max]", "tok/cpu-s", "tok/s/seq",
             "tau", "accepted/drafted", "identical", "verify ms", "drafter ms: process / draft / accept (inject, noise, walk)");
     for (int32_t np : nps) {
         for (const auto & r : results) {
@@ -140,7 +160,7 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             } else {
                 snprintf(same, sizeof(same), "-");
             }
-            printf("%-3d %-16s %22s %9.1f %6.2f %16s %9s %9.1f", np, r.mode.c_str(), tps, s.tokens_per_s() / np,
+            printf("%-3d %-16s %22s %9.1f %9.1f %6.2f %16s %9s %9.1f", np, r.mode.c_str(), tps, r.cpu_median(), s.tokens_per_s() / np,
                     s.tau(), r.mode == "ar" ? "-" : acc, same, s.t_target_us / 1e3);
             if (r.mode != "ar") {
                 printf("  %.1f / %.1f / %.1f", s.t_process_us / 1e3, s.t_draft_us / 1e3, s.t_accept_us / 1e3);
@@ -169,6 +189,18 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             printf(", dflash2-auto/ar %.3f, dflash2-auto/dflash2 %.3f", ratio(au, a), ratio(au, d));
         }
         printf("\n");
+        // every mode against target-only, in wall time and in CPU time (the work: on a loaded
+        // machine the steadier of the two; comparable between modes at --threads 1)
+        if (a) {
+            printf("    np=%d vs ar, wall | cpu:", np);
+            for (const auto & r : results) {
+                if (r.np == np && r.mode != "ar") {
+                    printf(" %s %.3f | %.3f", r.mode.c_str(), ratio(&r, a),
+                            a->cpu_median() > 0 ? r.cpu_median() / a->cpu_median() : 0.0);
+                }
+            }
+            printf("\n");
+        }
         for (const auto * r : { u, d, x, tr, au }) {
             if (!r) {
                 continue;
@@ -195,7 +227,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
     out << "  \"llama_cpp\": " << json_str(llama_print_system_info()) << ",\n";
     out << "  \"dflash2\": " << json_str(dflash2::version()) << ",\n";
     out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
-    out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps << ",\n";
+    out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps
+        << ", \"target_min_ms\": " << p.target_min_ms << ",\n";
     out << "  \"temp\": " << p.temp << ", \"seed\": " << p.seed << ", \"sampler_chain\": "
         << json_str(p.temp > 0 ? "temp, dist" : "greedy") << ",\n";
     out << "  \"prompts\": [";
@@ -210,6 +243,10 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << s.tokens_per_s() << ", \"min\": " << r.tps_min() << ", \"max\": " << r.tps_max() << ", \"runs\": [";
         for (size_t i = 0; i < r.runs.size(); ++i) {
             out << (i ? ", " : "") << r.tps(i);
+        }
+        out << "]}, \"tokens_per_cpu_s\": {\"median\": " << r.cpu_median() << ", \"runs\": [";
+        for (size_t i = 0; i < r.runs.size(); ++i) {
+            out << (i ? ", " : "") << r.runs[i].tokens_per_cpu_s();
         }
         out << "]}, \"tokens_per_s_per_seq\": " << s.tokens_per_s() / r.np << ", \"generated\": " << s.n_generated
             << ", \"decode_ms\": " << s.t_total_us / 1e3 << ", \"seq_steps\": " << s.n_seq_steps
@@ -333,8 +370,9 @@ int main(int argc, char ** argv) {
         }
         const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
         for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m)) {
-                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto)");
+            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m) && !is_diagnostic(m)) {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto, "
+                        "ar-attached, ar-fed)");
             }
         }
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
@@ -391,7 +429,7 @@ int main(int argc, char ** argv) {
                     } else {
                         tgt.reset_context(np);
                         auto drafter = make_drafter(r.mode, tgt);
-                        gen = host_generate(tgt, drafter.get(), prompts);
+                        gen = host_generate(tgt, r.mode == "ar-attached" ? nullptr : drafter.get(), prompts);
                     }
                     r.runs.push_back(gen.stats);
                     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -419,7 +457,7 @@ int main(int argc, char ** argv) {
         return 0;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree, dflash2-auto\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
+                " dflash2-tree, dflash2-auto;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
                 e.what(), host_args_usage());

@@ -6,6 +6,7 @@ use std::time::Instant;
 use super::sampled::{self, Mode, Walked};
 use super::stats::us_since;
 use super::{Engine, Request};
+use crate::adaptive::Plan;
 use crate::error::{Error, Result};
 use crate::log;
 use crate::selector::{Lattice, WalkLimits};
@@ -94,20 +95,21 @@ impl Engine {
         if reqs.is_empty() {
             return Ok(());
         }
-        let drafting = self.policy.as_mut().is_none_or(|p| p.begin_step(Instant::now(), reqs.len()));
+        // the controller (adaptive walk): no draft, a probe of one sequence, or all
+        let plan = self.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
+        let caps: Vec<usize> = reqs.iter().enumerate().map(|(i, r)| plan.cap(i, self.request_cap(r))).collect();
         // a zero-length draft needs no accept(): it closes here
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
         }
-        if drafting {
+        let width = caps.iter().max().map_or(0, |&c| if c > 0 { c + 1 } else { 0 });
+        if width > 0 {
             // not drafting, the rows wait: process() injects them 64 at a time,
             // far cheaper per row than a small injection decode every step
             self.flush()?;
         }
-
-        let width = if drafting { reqs.iter().map(|r| self.request_cap(r)).max().unwrap_or(0) + 1 } else { 0 };
-        let blocks = if drafting { self.fill_noise_batch(reqs, width)? } else { Vec::new() };
-        let drafts = self.decode_and_walk(reqs, blocks, width)?;
+        let blocks = if width > 0 { self.fill_noise_batch(reqs, &caps, width)? } else { Vec::new() };
+        let drafts = self.decode_and_walk(reqs, &caps, blocks, width)?;
 
         let mut at = 0;
         for (i, (r, d)) in reqs.iter().zip(drafts).enumerate() {
@@ -129,15 +131,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Puts [id_last, mask, mask, ...] of `width` rows for every request whose
-    /// sequence has room into the draft batch, in sequence order.
-    pub(super) fn fill_noise_batch(&mut self, reqs: &[Request], width: usize) -> Result<Vec<Block>> {
+    /// Puts [id_last, mask, mask, ...] of `width` rows for every request with
+    /// a cap (`caps[i]` > 0) whose sequence has room into the draft batch, in
+    /// sequence order.
+    pub(super) fn fill_noise_batch(&mut self, reqs: &[Request], caps: &[usize], width: usize) -> Result<Vec<Block>> {
         let mut order: Vec<usize> = (0..reqs.len()).collect();
         order.sort_by_key(|&i| reqs[i].seq);
         let n_ctx_seq = self.ctx.n_ctx_seq() as i32;
         self.batch.clear();
         let mut blocks = Vec::with_capacity(reqs.len());
-        for i in order {
+        for i in order.into_iter().filter(|&i| caps[i] > 0) {
             let r = reqs[i];
             let anchor = self.seqs[r.seq as usize].map.next_draft_pos();
             if anchor + width as i32 > n_ctx_seq {
@@ -154,11 +157,17 @@ impl Engine {
     }
 
     /// Decodes the noise blocks and walks each block's lattice with the
-    /// request's walk (greedy or sampled, then the adaptive walk's cut).
-    fn decode_and_walk(&mut self, reqs: &[Request], blocks: Vec<Block>, width: usize) -> Result<Vec<Walked>> {
+    /// request's walk (greedy or sampled, at most `caps[i]` tokens, then the
+    /// adaptive walk's cut).
+    fn decode_and_walk(
+        &mut self,
+        reqs: &[Request],
+        caps: &[usize],
+        blocks: Vec<Block>,
+        width: usize,
+    ) -> Result<Vec<Walked>> {
         let modes = reqs.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
         let mut drafts: Vec<Walked> = modes.iter().map(|&m| Walked::empty(m)).collect();
-        let caps: Vec<usize> = reqs.iter().map(|r| self.request_cap(r)).collect();
         let lattices = self.decode_noise(blocks, width)?;
 
         let t = Instant::now();
@@ -190,12 +199,12 @@ impl Engine {
         let t = Instant::now();
         let decoded = noise.ctx.decode(&self.batch);
         self.stats.t_draft_us += us_since(t);
+        let n_rows = noise.blocks.len() * width;
         if let Some(policy) = self.policy.as_mut() {
-            policy.draft_decode_seen(t.elapsed().as_secs_f64());
+            policy.draft_decode_seen(n_rows, t.elapsed().as_secs_f64());
         }
         decoded
             .map_err(|rc| Error::backend(format!("draft noise-block decode failed (llama_process returned {rc})")))?;
-        let n_rows = noise.blocks.len() * width;
         let rows = noise.ctx.lattice(n_rows).ok_or_else(|| Error::backend("the drafter produced no lattice"))?;
         out.rows = rows.to_vec();
         Ok(out)

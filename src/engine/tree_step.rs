@@ -18,6 +18,7 @@ use super::sampled::{self, Mode};
 use super::stats::us_since;
 use super::tree_sampled::SampledTreeDraft;
 use super::{Engine, Request, Row};
+use crate::adaptive::Plan;
 use crate::error::{Error, Result};
 use crate::log;
 use crate::sys::TreeRoom;
@@ -135,18 +136,25 @@ impl Engine {
             return Ok(trees);
         }
         let mut sampled_trees: Vec<Option<SampledTree>> = vec![None; reqs.len()];
-        // the controller (adaptive walk): no tree this step, or each tree cut
-        // to the nodes that pay for their verify rows
-        let drafting = self.policy.as_mut().is_none_or(|p| p.begin_step(Instant::now(), reqs.len()));
+        // the controller (adaptive walk): no tree this step, a short one for a
+        // probed sequence, or each tree cut to the nodes that pay for their verify rows
+        let plan = self.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
+        let mut limits = limits;
+        let caps: Vec<usize> = limits.iter().enumerate().map(|(i, l)| plan.cap(i, l.max_depth)).collect();
+        for (l, &cap) in limits.iter_mut().zip(&caps) {
+            if cap < l.max_depth {
+                l.max_depth = cap;
+                l.n_nodes = l.n_nodes.min(cap);
+            }
+        }
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
         }
-        if drafting {
+        let width = caps.iter().max().map_or(0, |&c| if c > 0 { c + 1 } else { 0 });
+        if width > 0 {
             self.flush()?;
         }
-
-        let width = limits.iter().map(|l| l.max_depth).max().unwrap_or(0) + 1;
-        let blocks = if drafting { self.fill_noise_batch(&chain, width)? } else { Vec::new() };
+        let blocks = if width > 0 { self.fill_noise_batch(&chain, &caps, width)? } else { Vec::new() };
         let n_vocab = self.n_vocab;
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();

@@ -86,8 +86,9 @@ pub struct llama_spec_dflash2_tree_node {
 /// receives the trees concatenated in request order; `n_nodes` (room for
 /// `n_requests`) the node count of each. A tree whose depth is below params.n_min
 /// is empty. With the adaptive walk (params.walk) the engine's controller
-/// decides per call: no tree at all (drafting measured not to pay: every
-/// n_nodes is 0), or each grown tree cut to its first k nodes, the k that
+/// decides per call (see LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE): no tree at all
+/// (every n_nodes is 0), a probe (one request's tree of 1-2 nodes, the others
+/// empty), or each grown tree cut to its first k nodes, the k that
 /// maximizes the expected accepted tokens (measured acceptance by depth and
 /// edge probability) minus the measured cost of k more verify rows — a tree
 /// whose siblings do not pay becomes its chain. With the greedy walk trees

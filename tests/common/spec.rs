@@ -171,13 +171,25 @@ pub fn generate_by(
     n_gen: usize,
     n_max: i32,
 ) -> usize {
-    let mut steps = 0;
+    generate_traced(verifier, target, spec, streams, n_gen, n_max).len()
+}
+
+/// `generate_by`, returning for every step the drafted tokens of each
+/// sequence in it (in the order of the step's active streams).
+pub fn generate_traced(
+    verifier: Verifier,
+    target: &mut Target,
+    spec: &Spec,
+    streams: &mut [Stream],
+    n_gen: usize,
+    n_max: i32,
+) -> Vec<Vec<usize>> {
+    let mut trace = Vec::new();
     loop {
         let active: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].out.len() < n_gen).collect();
         if active.is_empty() {
-            return steps;
+            return trace;
         }
-        steps += 1;
         let reqs: Vec<llama_spec_dflash2_draft_request> = active
             .iter()
             .map(|&i| llama_spec_dflash2_draft_request {
@@ -188,6 +200,7 @@ pub fn generate_by(
             })
             .collect();
         let drafts = spec.draft(&reqs);
+        trace.push(drafts.iter().map(Vec::len).collect());
         let mut rows = Vec::new();
         let mut first = Vec::new();
         for (k, &i) in active.iter().enumerate() {

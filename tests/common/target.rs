@@ -42,6 +42,9 @@ pub struct Target {
     pub n_vocab: usize,
     /// Rows of the last decode, for handing them to the engine.
     pub last_rows: Vec<DecodedRow>,
+    /// Every decode() takes at least this long (sleeping the rest): a stand-in
+    /// for a big memory-bound target, whose decode time hardly depends on its rows.
+    pub min_decode: Option<std::time::Duration>,
 }
 
 impl Target {
@@ -73,12 +76,13 @@ impl Target {
             let ctx = sys::llama_init_from_model(model.0, cp);
             assert!(!ctx.is_null(), "target context");
             let n_vocab = sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model.0)) as usize;
-            Target { model, ctx, n_vocab, last_rows: Vec::new() }
+            Target { model, ctx, n_vocab, last_rows: Vec::new(), min_decode: None }
         }
     }
 
     /// Decodes the rows; returns the greedy token of every row that asked for logits, in order.
     pub fn decode(&mut self, rows: &[TRow]) -> Vec<i32> {
+        let start = std::time::Instant::now();
         unsafe {
             let mut b = sys::llama_batch_init(rows.len() as i32, 0, 1);
             for (i, r) in rows.iter().enumerate() {
@@ -93,6 +97,9 @@ impl Target {
             sys::llama_batch_free(b);
             assert_eq!(rc, 0, "target decode");
             self.last_rows = rows.iter().map(|r| DecodedRow { seq: r.seq, pos: r.pos, embd: false }).collect();
+        }
+        if let Some(rest) = self.min_decode.and_then(|d| d.checked_sub(start.elapsed())) {
+            std::thread::sleep(rest);
         }
         self.greedy_of(rows.iter().map(|r| r.logits))
     }

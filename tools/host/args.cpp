@@ -64,7 +64,9 @@ const char * host_args_usage() {
            "  --prompt TEXT     a user message (repeatable)\n"
            "  --prompts FILE    user messages, one per line\n"
            "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
-           "  --mmproj FILE     the target's multimodal projector GGUF\n";
+           "  --mmproj FILE     the target's multimodal projector GGUF\n"
+           "  --target-min-ms D every target decode takes at least D ms (sleeping the rest): a stand-in for a big\n"
+           "                    memory-bound target, whose verify rows are nearly free (default 0: off)\n";
 }
 
 host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags) {
@@ -99,6 +101,8 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.temp = to_temp(flag, value());
         } else if (flag == "--seed") {
             a.params.seed = to_int(flag, value(), 0);
+        } else if (flag == "--target-min-ms") {
+            a.params.target_min_ms = to_int(flag, value(), 0);
         } else if (flag == "--draft-temp") {
             a.params.draft_temp = to_temp(flag, value());
         } else if (flag == "--prompt") {

@@ -24,8 +24,11 @@ struct drafter_dflash2 : host_drafter {
     float temp;       // the target's sampling temperature: the drafts' too
     float draft_temp; // the draft walk's own temperature (< 0: temp)
 
-    drafter_dflash2(host_target & tgt, int32_t walk)
-        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)), temp(tgt.params.temp), draft_temp(tgt.params.draft_temp) {}
+    bool feed_only; // process() and seq_rm() only: drafts nothing, never calls draft() or accept()
+
+    drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only)
+        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)), temp(tgt.params.temp),
+          draft_temp(tgt.params.draft_temp), feed_only(feed_only) {}
 
     const char * name() const override { return "dflash2"; }
 
@@ -35,6 +38,10 @@ struct drafter_dflash2 : host_drafter {
     }
 
     void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) override {
+        if (feed_only) {
+            out.assign(reqs.size(), {});
+            return;
+        }
         requests.clear();
         for (const auto & r : reqs) {
             // temperature 0: the greedy chain, as before; > 0: a sampled draft with its q
@@ -49,7 +56,11 @@ struct drafter_dflash2 : host_drafter {
         return engine.verify_sampled_step(seq, i, p, token);
     }
 
-    void accept(llama_seq_id seq, int32_t n_accepted) override { engine.accept(seq, n_accepted); }
+    void accept(llama_seq_id seq, int32_t n_accepted) override {
+        if (!feed_only) {
+            engine.accept(seq, n_accepted);
+        }
+    }
 
     void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) override { engine.seq_rm(seq, p0, p1); }
 
@@ -67,6 +78,6 @@ struct drafter_dflash2 : host_drafter {
 
 } // namespace
 
-std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk) {
-    return std::make_unique<drafter_dflash2>(tgt, walk);
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only) {
+    return std::make_unique<drafter_dflash2>(tgt, walk, feed_only);
 }

@@ -125,6 +125,7 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
 
     const int32_t np = (int32_t) streams.size();
     const int64_t t_start = host_time_us();
+    const int64_t t_cpu_start = host_cpu_time_us();
     for (auto & s : streams) {
         host_emit(tgt, s, { s.id_last });
     }
@@ -247,6 +248,7 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
         }
     }
     stats.t_total_us += host_time_us() - t_start;
+    stats.t_cpu_us += host_cpu_time_us() - t_cpu_start;
     const dflash2::stats es = engine.get_stats();
     stats.has_split = true;
     stats.t_inject_us += (int64_t) es.t_inject_us;

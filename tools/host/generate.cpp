@@ -44,6 +44,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream
     }
 
     const int64_t t_start = host_time_us();
+    const int64_t t_cpu_start = host_cpu_time_us();
     for (auto & s : streams) {
         host_emit(tgt, s, { s.id_last });
     }
@@ -119,6 +120,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream
         }
     }
     stats.t_total_us += host_time_us() - t_start;
+    stats.t_cpu_us += host_cpu_time_us() - t_cpu_start;
     if (drafter) {
         drafter->add_stats(stats);
     }

@@ -40,6 +40,7 @@ struct host_params {
     float   temp      = 0.0f; // target sampling temperature (0: greedy)
     int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
     float   draft_temp = -1.0f; // dflash2's sampled draft walk temperature (< 0: temp)
+    int32_t target_min_ms = 0; // every target decode takes at least this long (a slow target whose rows are nearly free)
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
@@ -54,6 +55,7 @@ struct host_stats {
 
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
+    int64_t t_cpu_us     = 0; // process CPU time over the same span (all threads; spin-waits included)
     int64_t t_target_us  = 0; // target decodes of the generation (verify)
     int64_t t_process_us = 0; // drafter process() calls after verify decodes
     int64_t t_draft_us   = 0; // drafter draft() calls
@@ -70,6 +72,9 @@ struct host_stats {
 
     double tau() const { return n_seq_steps ? (double) (n_accepted + n_seq_steps) / n_seq_steps : 0.0; }
     double tokens_per_s() const { return t_total_us ? 1e6 * n_generated / t_total_us : 0.0; }
+    // tokens per CPU second: the work done, much less sensitive than wall time to other
+    // processes on the machine (comparable between modes at --threads 1)
+    double tokens_per_cpu_s() const { return t_cpu_us ? 1e6 * n_generated / t_cpu_us : 0.0; }
 };
 
 // the target model and one context on it
@@ -165,8 +170,10 @@ struct host_drafter {
 };
 
 std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt);
-// walk: an enum llama_spec_dflash2_walk value (0 greedy, as upstream; 1 adaptive)
-std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk = 0);
+// walk: an enum llama_spec_dflash2_walk value (0 greedy, as upstream; 1 adaptive).
+// feed_only: the engine gets every decoded row (process, seq_rm) but never drafts
+// (a measurement of what feeding the drafter costs target-only decoding)
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk = 0, bool feed_only = false);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
@@ -191,6 +198,7 @@ const std::vector<std::string> & host_builtin_prompts();
 std::vector<std::string>         host_read_prompts(const std::string & path);
 
 int64_t host_time_us();
+int64_t host_cpu_time_us(); // CPU time of the whole process
 
 // a log callback that passes errors to stderr and drops the rest (for llama_log_set)
 void host_log_errors_only(enum ggml_log_level level, const char * text, void * user_data);

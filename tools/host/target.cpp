@@ -2,6 +2,8 @@
 #include "host.h"
 
 #include <chrono>
+#include <ctime>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <stdexcept>
@@ -9,6 +11,12 @@
 int64_t host_time_us() {
     return std::chrono::duration_cast<std::chrono::microseconds>(
             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int64_t host_cpu_time_us() {
+    timespec ts = {};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (int64_t) ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 void host_log_errors_only(enum ggml_log_level level, const char * text, void * user_data) {
@@ -119,9 +127,13 @@ std::string host_target::detokenize(const std::vector<llama_token> & tokens) con
 }
 
 void host_target::decode(common_batch & batch) {
+    const auto start = std::chrono::steady_clock::now();
     const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
     if (rc != 0) {
         throw std::runtime_error("target decode failed: " + std::to_string(rc));
+    }
+    if (params.target_min_ms > 0) {
+        std::this_thread::sleep_until(start + std::chrono::milliseconds(params.target_min_ms));
     }
 }
 
