@@ -692,6 +692,12 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // candidates per position, edge scores from each candidate of the position
 // before), so that a tree of one child per node is exactly the greedy chain
 // of llama_spec_dflash2_draft (same n_max, p_min, n_min, same other requests).
+// Greedy trees (temperature 0) order the growth by each edge's calibrated
+// acceptance: its lattice probability mapped, per depth and monotonically, to
+// the rate at which the target accepted such edges in the trees this engine
+// verified before (every child of an accepted node counts); the lattice
+// probability itself until there are such measurements. The nodes' prob and
+// path_prob stay the lattice's.
 // `nodes` (room for `n_nodes_max`, at least the sum of the requests' n_nodes,
 // n_max for a 0)
 // receives the trees concatenated in request order; `n_nodes` (room for

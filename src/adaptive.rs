@@ -135,6 +135,26 @@ impl AcceptanceModel {
             }
         }
     }
+
+    /// One token the target reached at `position`: accepted or not
+    /// (`crate::calibration` observes every child of a tree's reached nodes).
+    pub fn observe_trial(&mut self, position: usize, confidence: f32, accepted: bool) {
+        let last = self.counts.len() - 1;
+        let cell = &mut self.counts[position.min(last)][bin(confidence)];
+        cell.0 += 1.0;
+        cell.1 += accepted as u8 as f64;
+    }
+
+    /// Draft positions measured (deeper ones count in the last).
+    pub fn n_positions(&self) -> usize {
+        self.counts.len()
+    }
+
+    /// (reached, accepted) per confidence bin at `position` (bin b holds
+    /// confidences in [b, b + 1) / bins, the last one also 1).
+    pub fn counts(&self, position: usize) -> &[(f64, f64)] {
+        &self.counts[position.min(self.counts.len() - 1)]
+    }
 }
 
 /// An exponentially weighted running mean.

@@ -10,6 +10,8 @@
 #![deny(unsafe_code)]
 
 pub mod adaptive;
+/// cbindgen:ignore
+pub mod calibration;
 pub mod checkpoint;
 pub mod config;
 pub mod engine;

@@ -29,6 +29,8 @@
 //!   greedy chain, token for token ([`TreeLimits::chain`]). For greedy
 //!   acceptance ([`accept_greedy`], T = 0) or sample-and-match at T > 0
 //!   ([`accept_matching`]).
+//! - [`grow_tree_by`]: the same growth ordered by another edge weight, a
+//!   calibrated estimate of acceptance (`crate::calibration`).
 //! - [`sample_tree`]: children drawn from q = softmax(S[a][·] / T_draft)
 //!   one after another without replacement, for [`verify_sampled_tree`].
 //!
@@ -543,6 +545,8 @@ struct Child {
     token: i32,
     candidate: usize,
     prob: f32,
+    /// Product of the edge probabilities from the anchor, this edge's included.
+    path_prob: f64,
 }
 
 /// The deterministic best-first tree for greedy verification: starting from
@@ -562,27 +566,46 @@ struct Child {
 /// renormalized over usable candidates, where greedy's denominator counts a
 /// corrupt entry (and a NaN disables its rule).
 pub fn grow_tree(lattice: &Lattice, limits: TreeLimits, n_vocab: usize) -> Tree {
+    grow_tree_by(lattice, limits, n_vocab, |_, prob| prob as f64)
+}
+
+/// [`grow_tree`] with another growth order: best-first by the product along
+/// the path of `edge(depth, prob)`, an estimate of P(the target accepts the
+/// node | it accepted the parent) from the node's depth and lattice edge
+/// probability (`crate::calibration`: measured, where the lattice's own
+/// probability is overconfident). Everything else is [`grow_tree`]'s: the
+/// nodes' `prob` and `path_prob` stay the lattice's, only which nodes a budget
+/// buys and their order change (`path_prob` need no longer decrease along it).
+///
+/// `edge` must be non-decreasing in `prob` at each depth (and finite, >= 0):
+/// siblings then come in greedy's rank order (ties go to the child pushed
+/// first), so a one-child tree is still the greedy chain.
+pub fn grow_tree_by(lattice: &Lattice, limits: TreeLimits, n_vocab: usize, edge: impl Fn(usize, f32) -> f64) -> Tree {
     let max_depth = limits.max_depth.min(lattice.n_rows().saturating_sub(1));
-    let expand = |frontier: &mut Frontier<Child>, parent: Option<usize>, depth: usize, pred: usize, path: f64| {
-        if depth >= max_depth {
-            return;
-        }
-        for r in
-            ranked_children(lattice, depth + 1, pred, n_vocab).into_iter().take(TreeLimits::cap(limits.max_children))
-        {
-            if limits.p_min > 0.0 && r.conf < limits.p_min {
-                break; // ranked by score, so every later one is below too
+    let expand =
+        |frontier: &mut Frontier<Child>, parent: Option<usize>, depth: usize, pred: usize, key: f64, path: f64| {
+            if depth >= max_depth {
+                return;
             }
-            let child = Child { parent, depth: depth + 1, token: r.token, candidate: r.candidate, prob: r.prob };
-            frontier.push(path * r.prob as f64, child);
-        }
-    };
+            for r in ranked_children(lattice, depth + 1, pred, n_vocab)
+                .into_iter()
+                .take(TreeLimits::cap(limits.max_children))
+            {
+                if limits.p_min > 0.0 && r.conf < limits.p_min {
+                    break; // ranked by score, so every later one is below too
+                }
+                let path_prob = path * r.prob as f64;
+                let child =
+                    Child { parent, depth: depth + 1, token: r.token, candidate: r.candidate, prob: r.prob, path_prob };
+                frontier.push(key * edge(depth + 1, r.prob), child);
+            }
+        };
     let mut nodes: Vec<Node> = Vec::new();
     let mut shape = Shape::new();
     let mut frontier = Frontier::new();
-    expand(&mut frontier, None, 0, 0, 1.0);
+    expand(&mut frontier, None, 0, 0, 1.0, 1.0);
     while nodes.len() < limits.n_nodes {
-        let Some((path, c)) = frontier.pop() else { break };
+        let Some((key, c)) = frontier.pop() else { break };
         let s = slot(c.parent);
         if !shape.may_add(s, &limits) {
             continue;
@@ -594,10 +617,10 @@ pub fn grow_tree(lattice: &Lattice, limits: TreeLimits, n_vocab: usize) -> Tree 
             parent,
             depth: c.depth,
             prob: c.prob,
-            path_prob: path as f32,
+            path_prob: c.path_prob as f32,
             candidate: c.candidate,
         });
-        expand(&mut frontier, Some(nodes.len() - 1), c.depth, c.candidate, path);
+        expand(&mut frontier, Some(nodes.len() - 1), c.depth, c.candidate, key, c.path_prob);
     }
     Tree { nodes }
 }
@@ -1272,6 +1295,67 @@ mod tests {
                 if n > 0 {
                     assert!((small.expected_accepted() - by_size[n - 1]).abs() < 1e-12);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_calibrated_growth_key_keeps_the_chain_and_widens_an_overconfident_tree() {
+        use crate::adaptive::AcceptanceModel;
+        use crate::calibration::EdgeCalibration;
+        // The lattice of best_first_grows_the_most_probable_paths_first: raw, a
+        // budget of 2 buys A (.705) and A->20 (.705 x ~1), B (.259) comes next.
+        let (rows, n_embd) = block(
+            3,
+            &[vec![10.0, 11.0, 12.0], vec![20.0, 21.0, 22.0]],
+            &[same(3, &[1.0, 0.0, -2.0]), vec![vec![9.0, 0.0, 0.0], vec![0.0, 5.0, 5.0], vec![0.0, 0.0, 0.0]]],
+        );
+        let lat = Lattice::new(&rows, n_embd, 3).unwrap();
+        let tokens = |t: &Tree| t.nodes().iter().map(|n| (n.token, n.parent)).collect::<Vec<_>>();
+        let raw = grow_tree(&lat, TreeLimits::tree(2, 8), 100);
+        assert_eq!(tokens(&raw), vec![(10, -1), (20, 0)]);
+        // measured: picks the lattice calls sure (0.99) are accepted a fifth of
+        // the time, and nothing above 0.2 does better (the estimate is monotone):
+        // A and B both ~0.21 (a tie: greedy's A first), A->20 0.21 x 0.2
+        let mut m = AcceptanceModel::new(2);
+        for i in 0..2000 {
+            m.observe_trial(1, 0.99, i % 5 == 0);
+        }
+        let cal = EdgeCalibration::from_model(&m);
+        assert!((cal.p(1, 0.705) - cal.p(1, 0.259)).abs() < 1e-12 && cal.p(2, 0.999) < 0.21);
+        let wide = grow_tree_by(&lat, TreeLimits::tree(2, 8), 100, |d, p| cal.p(d, p));
+        check_invariants(&wide);
+        assert_eq!(tokens(&wide), vec![(10, -1), (11, -1)]);
+        // the nodes' probabilities are still the lattice's
+        let big = grow_tree(&lat, TreeLimits::tree(3, 8), 100);
+        assert_eq!(wide.nodes(), &[big.nodes()[0], big.nodes()[2]]);
+        // the identity key is grow_tree, node for node
+        assert_eq!(
+            grow_tree_by(&lat, TreeLimits::tree(5, 8), 100, |_, p| p as f64),
+            grow_tree(&lat, TreeLimits::tree(5, 8), 100)
+        );
+    }
+
+    #[test]
+    fn with_any_calibration_a_one_child_tree_is_the_greedy_chain() {
+        use crate::adaptive::AcceptanceModel;
+        use crate::calibration::EdgeCalibration;
+        let mut rng = Rng::new(13);
+        for _ in 0..2000 {
+            let mut m = AcceptanceModel::new(8);
+            for _ in 0..(rng.next_u64() % 200) {
+                let pos = (rng.next_u64() % 8) as usize;
+                let conf = rng.next_f64() as f32;
+                m.observe_trial(pos, conf, rng.next_f64() < 0.4);
+            }
+            let cal = EdgeCalibration::from_model(&m);
+            let (rows, n_embd, k) = clean_block(&mut rng, 50);
+            let lat = Lattice::new(&rows, n_embd, k).unwrap();
+            let greedy = greedy_walk_scored(&lat, WalkLimits { n_max: 8, n_min: 0, p_min: 0.0 }, 50);
+            for limits in [TreeLimits::chain(8, 0.0), TreeLimits { max_leaves: 1, ..TreeLimits::tree(8, 8) }] {
+                let tree = grow_tree_by(&lat, limits, 50, |d, p| cal.p(d, p));
+                let got: Vec<Pick> = tree.nodes().iter().map(|n| Pick { token: n.token, confidence: n.prob }).collect();
+                assert_eq!(got, greedy, "{limits:?}");
             }
         }
     }

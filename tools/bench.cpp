@@ -211,6 +211,23 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 printf(" %d:%.0f%%", j + 1, s.drafted_at[j] ? 100.0 * s.accepted_at[j] / s.drafted_at[j] : 0.0);
             }
             printf("\n");
+            if (is_tree(r->mode) && r->median().n_seq_steps > 0) {
+                const host_stats & s = r->median();
+                printf("    %-8s nodes per step by depth:", r->mode.c_str());
+                for (int j = 0; j < HOST_MAX_DRAFT && s.nodes_at[j]; ++j) {
+                    printf(" %d:%.2f", j + 1, (double) s.nodes_at[j] / s.n_seq_steps);
+                }
+                std::vector<std::pair<int64_t, std::string>> shapes;
+                for (const auto & [shape, n] : s.shapes) {
+                    shapes.push_back({ n, shape });
+                }
+                std::sort(shapes.begin(), shapes.end(), [](const auto & a, const auto & b) { return a.first > b.first; });
+                printf("\n    %-8s tree shapes (nodes per depth), most drafted:", r->mode.c_str());
+                for (size_t k = 0; k < shapes.size() && k < 6; ++k) {
+                    printf(" [%s] %.0f%%", shapes[k].second.c_str(), 100.0 * shapes[k].first / s.n_seq_steps);
+                }
+                printf("\n");
+            }
         }
     }
 }
@@ -255,7 +272,21 @@ void write_json(const std::string & path, const host_args & args, const std::vec
         for (int j = 0; j < p.n_max && j < HOST_MAX_DRAFT; ++j) {
             out << (j ? ", " : "") << (s.drafted_at[j] ? (double) s.accepted_at[j] / s.drafted_at[j] : 0.0);
         }
-        out << "], \"time_ms\": {\"target_verify\": " << s.t_target_us / 1e3 << ", \"drafter_process\": "
+        out << "]";
+        if (is_tree(r.mode)) {
+            out << ", \"tree_nodes_per_step_by_depth\": [";
+            for (int j = 0; j < HOST_MAX_DRAFT && s.nodes_at[j]; ++j) {
+                out << (j ? ", " : "") << (s.n_seq_steps ? (double) s.nodes_at[j] / s.n_seq_steps : 0.0);
+            }
+            out << "], \"tree_shapes\": {";
+            bool first = true;
+            for (const auto & [shape, n] : s.shapes) {
+                out << (first ? "" : ", ") << json_str(shape) << ": " << n;
+                first = false;
+            }
+            out << "}";
+        }
+        out << ", \"time_ms\": {\"target_verify\": " << s.t_target_us / 1e3 << ", \"drafter_process\": "
             << s.t_process_us / 1e3 << ", \"drafter_draft\": " << s.t_draft_us / 1e3 << ", \"drafter_accept\": "
             << s.t_accept_us / 1e3 << ", \"other\": " << (s.t_total_us - s.t_target_us - s.t_drafter_us()) / 1e3;
         if (s.has_split) {

@@ -28,7 +28,7 @@ mod verify;
 
 use std::path::Path;
 
-use crate::adaptive::AdaptivePolicy;
+use crate::adaptive::{AcceptanceModel, AdaptivePolicy};
 use crate::config::{Config, ImageRows, Walk};
 use crate::error::{Error, Result};
 use crate::log;
@@ -107,6 +107,9 @@ pub struct Engine {
     scratch: Vec<f32>,
     /// The adaptive walk's model; it keeps its own clocks.
     policy: Option<AdaptivePolicy>,
+    /// Every child of a greedy tree's reached nodes, accepted or not: what
+    /// calibrates the growth key of the next trees (`crate::calibration`).
+    tree_acceptance: AcceptanceModel,
     /// Released after Drop turned the capture off (fields drop after drop()).
     _claim: claim::TargetClaim,
 }
@@ -157,6 +160,7 @@ impl Engine {
             stats: Stats::default(),
             scratch: Vec::new(),
             policy: (config.walk == Walk::Adaptive).then(|| AdaptivePolicy::new(s.limits.n_max)),
+            tree_acceptance: AcceptanceModel::new(s.limits.n_max.max(1)),
         })
     }
 

@@ -1,10 +1,11 @@
 //! Tree drafts: the chain's one noise-block decode (`draft_step`), grown into
-//! a best-first tree over each block's lattice (`crate::tree::grow_tree`; at
-//! temperature > 0 drawn from it, `crate::tree::sample_tree`, verified in
-//! `tree_sampled`) instead of walked as a chain; the tree's verify rows held as
-//! one draft's; accept_tree() commits the anchor row and the accepted path's
-//! rows, in path order, at the sequence's next dense draft positions and drops
-//! the rest.
+//! a best-first tree over each block's lattice (`crate::tree::grow_tree_by`,
+//! ordered by the edges' acceptance calibrated on the greedy trees verified so
+//! far, `crate::calibration`; at temperature > 0 drawn from it,
+//! `crate::tree::sample_tree`, verified in `tree_sampled`) instead of walked as
+//! a chain; the tree's verify rows held as one draft's; accept_tree() commits
+//! the anchor row and the accepted path's rows, in path order, at the
+//! sequence's next dense draft positions and drops the rest.
 //!
 //! Verify rows of a tree come in tree order, anchor first: the anchor at the
 //! sequence's next position, node i at the anchor's position + its depth.
@@ -19,10 +20,11 @@ use super::stats::us_since;
 use super::tree_sampled::SampledTreeDraft;
 use super::{Engine, Request, Row};
 use crate::adaptive::Plan;
+use crate::calibration::{self, EdgeCalibration};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::sys::TreeRoom;
-use crate::tree::{SampledTree, Tree, TreeLimits, accept_matching, grow_tree, sample_tree};
+use crate::tree::{SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, sample_tree};
 
 /// One sequence's part of a tree draft call.
 #[derive(Clone, Copy, Debug)]
@@ -158,11 +160,12 @@ impl Engine {
         let n_vocab = self.n_vocab;
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();
+        let calibration = EdgeCalibration::from_model(&self.tree_acceptance);
         for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
             let (i, mut lim) = (block.request, limits[block.request]);
             match modes[i] {
                 Mode::Greedy => {
-                    let mut tree = grow_tree(&lattice, lim, n_vocab);
+                    let mut tree = grow_tree_by(&lattice, lim, n_vocab, |depth, prob| calibration.p(depth, prob));
                     if let Some(policy) = self.policy.as_mut() {
                         tree.truncate(policy.keep_tree(&tree));
                     }
@@ -255,6 +258,10 @@ impl Engine {
             if n_rows == 0 { Vec::new() } else { std::iter::once(0).chain(path.iter().map(|&i| i + 1)).collect() };
         if let Some(policy) = self.policy.as_mut() {
             policy.accepted(&tree.path_confidences(&path), path.len());
+        }
+        if o.sampled_tree.is_none() {
+            // a greedy tree: its reached children calibrate the next trees' growth
+            calibration::observe_tree(&mut self.tree_acceptance, tree, &path, q.held.len().saturating_sub(1));
         }
         let dropped = self.seqs[s].resolve_held_rows(&rows);
         self.stats.n_rejected_rows += dropped as u64;

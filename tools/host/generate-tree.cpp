@@ -223,6 +223,16 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
                 stats.drafted_at[j] += 1;
                 stats.accepted_at[j] += j < d;
             }
+            std::vector<int32_t> per_depth(depth, 0);
+            for (const auto & n : st.nodes) {
+                per_depth[n.depth - 1] += 1;
+                stats.nodes_at[std::min(n.depth, HOST_MAX_DRAFT) - 1] += 1;
+            }
+            std::string shape;
+            for (int32_t c : per_depth) {
+                shape += (shape.empty() ? "" : ",") + std::to_string(c);
+            }
+            stats.shapes[shape.empty() ? "-" : shape] += 1;
 
             // park every cell of this step, then keep the prefix, the anchor and the path in seq
             for (int32_t l = 0; l < std::max(st.n_leaves, 1); ++l) {

@@ -20,6 +20,7 @@
 #include "llama.h"
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,6 +53,10 @@ struct host_stats {
     int64_t n_accepted   = 0;
     int64_t drafted_at [HOST_MAX_DRAFT] = {};
     int64_t accepted_at[HOST_MAX_DRAFT] = {};
+    // tree modes: nodes drafted at depth j + 1 (summed over steps), and how
+    // often each tree shape (nodes per depth, e.g. "3,2,1,1") was drafted
+    int64_t nodes_at[HOST_MAX_DRAFT] = {};
+    std::map<std::string, int64_t> shapes;
 
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
