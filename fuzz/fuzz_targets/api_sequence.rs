@@ -2,25 +2,34 @@
 //! steps a real host takes. After every call: the engine did it or returned a
 //! known status with a message, never an internal error, and its view of every
 //! sequence is consistent (dense draft KV, map and libllama agreeing). After
-//! every input: a clean speculative generation still equals target-only.
+//! every input: seq_clear really empties the engine. After every 16th input a
+//! clean speculative generation of 10 tokens, after every suspect one (a
+//! well-formed host step refused, a blob the engine did not write loaded) one
+//! of 3 tokens: each must equal target-only (`Checks` in src/lib.rs says why
+//! not the long one after every input).
 #![no_main]
 
 use std::cell::RefCell;
 
 use dflash2::ffi::*;
-use dflash2_fuzz::{Host, Input, N_SEQ, check_status, pair};
+use dflash2_fuzz::{Checks, Host, Input, N_SEQ, check_status, pair};
 use libfuzzer_sys::fuzz_target;
 
 thread_local! {
     static HOST: RefCell<Option<Host>> = const { RefCell::new(None) };
+    static CHECKS: RefCell<Option<Checks>> = const { RefCell::new(None) };
     static INPUTS: RefCell<u64> = const { RefCell::new(0) };
 }
 
 /// Most calls one input makes (keeps an execution short).
 const MAX_CALLS: usize = 48;
 
-fn run(host: &mut Host, input: &mut Input) {
+/// Runs the calls `input` spells; true when it did something that calls for a
+/// clean generation at once: a well-formed host step refused, or a blob the
+/// engine did not write accepted.
+fn run(host: &mut Host, input: &mut Input) -> bool {
     let p = pair();
+    let mut suspect = false;
     let mut blobs: Vec<Vec<u8>> = Vec::new();
     for _ in 0..MAX_CALLS {
         if input.is_empty() {
@@ -32,12 +41,13 @@ fn run(host: &mut Host, input: &mut Input) {
             0 => {
                 let seq = (input.byte() as i32) % N_SEQ;
                 let n = 1 + (input.byte() as usize) % p.prompt.len();
-                host.prefill(seq, &p.prompt[..n]);
+                suspect |= !host.prefill(seq, &p.prompt[..n]);
             }
             1 | 2 => {
                 let seq = (input.byte() as i32) % N_SEQ;
                 let n_max = 1 + (input.byte() as i32) % 8;
-                host.step(seq, n_max);
+                let live = host.streams[seq as usize].live;
+                suspect |= live && host.step(seq, n_max).is_empty();
             }
             3 => {
                 // rows as a hostile host passes them
@@ -56,18 +66,33 @@ fn run(host: &mut Host, input: &mut Input) {
             4 => {
                 let n = (input.byte() % 4) as usize;
                 let reqs: Vec<llama_spec_dflash2_draft_request> = (0..n)
-                    .map(|_| llama_spec_dflash2_draft_request { seq_id: input.seq(), id_last: input.int(), n_max: input.int(), ..Default::default() })
+                    .map(|_| llama_spec_dflash2_draft_request {
+                        seq_id: input.seq(),
+                        id_last: input.int(),
+                        n_max: input.int(),
+                        ..Default::default()
+                    })
                     .collect();
                 // the buffers are what they say, or smaller than the requests need
                 let cap = (input.byte() as usize) % 40;
                 let mut tokens = vec![0i32; cap];
                 let mut n_drafted = vec![0i32; n];
                 let rc = unsafe {
-                    llama_spec_dflash2_draft(spec, reqs.as_ptr(), n as i32, tokens.as_mut_ptr(), cap as i32, n_drafted.as_mut_ptr())
+                    llama_spec_dflash2_draft(
+                        spec,
+                        reqs.as_ptr(),
+                        n as i32,
+                        tokens.as_mut_ptr(),
+                        cap as i32,
+                        n_drafted.as_mut_ptr(),
+                    )
                 };
                 if check_status(rc, "draft") {
                     let total: i32 = n_drafted.iter().sum();
-                    assert!(n_drafted.iter().all(|&k| k >= 0) && total as usize <= cap, "draft lengths {n_drafted:?} for {cap}");
+                    assert!(
+                        n_drafted.iter().all(|&k| k >= 0) && total as usize <= cap,
+                        "draft lengths {n_drafted:?} for {cap}"
+                    );
                 }
             }
             5 => {
@@ -83,7 +108,8 @@ fn run(host: &mut Host, input: &mut Input) {
                 check_status(rc, "seq_cp");
             }
             8 => {
-                let rc = unsafe { llama_spec_dflash2_seq_shift(spec, input.seq(), input.int(), input.int(), input.int()) };
+                let rc =
+                    unsafe { llama_spec_dflash2_seq_shift(spec, input.seq(), input.int(), input.int(), input.int()) };
                 check_status(rc, "seq_shift");
             }
             9 => {
@@ -119,26 +145,34 @@ fn run(host: &mut Host, input: &mut Input) {
                     }
                 }
                 let rc = unsafe { llama_spec_dflash2_state_set(spec, seq, blob.as_ptr(), blob.len()) };
-                check_status(rc, "state_set");
+                suspect |= check_status(rc, "state_set") && !blobs.contains(&blob);
             }
         }
         host.check_invariants();
     }
+    suspect
 }
 
 fuzz_target!(|data: &[u8]| {
     HOST.with(|h| {
         let mut h = h.borrow_mut();
         let host = h.get_or_insert_with(Host::new);
-        let mut input = Input::new(data);
-        run(host, &mut input);
-        host.check_clean_generation();
-        // a fresh engine now and then: creation and teardown are part of the API too
-        let n = INPUTS.with(|c| {
-            *c.borrow_mut() += 1;
-            *c.borrow()
+        let recreate = CHECKS.with(|c| {
+            let mut c = c.borrow_mut();
+            let checks = c.get_or_insert_with(|| Checks::new(16));
+            checks.input(host, data, |host| run(host, &mut Input::new(data)));
+            // a fresh engine now and then: creation and teardown are part of the API too
+            let n = INPUTS.with(|c| {
+                *c.borrow_mut() += 1;
+                *c.borrow()
+            });
+            let recreate = n % 1000 == 0;
+            if recreate {
+                checks.clean_generation(host);
+            }
+            recreate
         });
-        if n % 1000 == 0 {
+        if recreate {
             *h = None;
         }
     });

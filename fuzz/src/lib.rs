@@ -5,14 +5,18 @@
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, Once, OnceLock};
 
 use dflash2::ffi::*;
 use dflash2::sys;
 
 pub const N_SEQ: i32 = 2;
-/// Tokens of the clean generation that ends every input.
+/// Tokens of the full clean generation (a prefill and 9 speculative steps: the
+/// fixture drafter's drafts are never accepted, so each step emits one token).
 pub const N_CHECK: usize = 10;
+/// Tokens of the quick one (a prefill, a draft after it and one after an accept).
+pub const N_QUICK: usize = 3;
 
 unsafe extern "C" fn quiet_log(_level: sys::ggml_log_level, _text: *const c_char, _ud: *mut c_void) {}
 
@@ -35,6 +39,9 @@ pub fn pair() -> &'static Pair {
     PAIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("dflash2-fuzz-{}", std::process::id()));
         let set = dflash2_fixtures::write_fixture_set(&dir).expect("fixture set");
+        // every run would leave its 9 MB fixture set behind (a crash still does: it is evidence)
+        FIXTURES.set(dir).expect("one fixture folder");
+        unsafe { libc::atexit(remove_fixtures) };
         unsafe {
             sys::llama_log_set(Some(quiet_log), std::ptr::null_mut());
             llama_spec_dflash2_log_set(Some(quiet_log), std::ptr::null_mut());
@@ -59,11 +66,27 @@ pub fn pair() -> &'static Pair {
     })
 }
 
+static FIXTURES: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_fixtures() {
+    if let Some(dir) = FIXTURES.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 fn tokenize(model: *mut sys::llama_model, text: &str) -> Vec<i32> {
     unsafe {
         let vocab = sys::llama_model_get_vocab(model);
         let mut toks = vec![0i32; text.len() + 8];
-        let n = sys::llama_tokenize(vocab, text.as_ptr().cast(), text.len() as i32, toks.as_mut_ptr(), toks.len() as i32, true, true);
+        let n = sys::llama_tokenize(
+            vocab,
+            text.as_ptr().cast(),
+            text.len() as i32,
+            toks.as_mut_ptr(),
+            toks.len() as i32,
+            true,
+            true,
+        );
         assert!(n > 0);
         toks.truncate(n as usize);
         toks
@@ -130,7 +153,8 @@ impl Target {
     }
 
     pub fn argmax(&self, i: usize) -> i32 {
-        let logits = unsafe { std::slice::from_raw_parts(sys::llama_get_logits_ith(self.ctx, i as i32), self.n_vocab as usize) };
+        let logits =
+            unsafe { std::slice::from_raw_parts(sys::llama_get_logits_ith(self.ctx, i as i32), self.n_vocab as usize) };
         let mut best = 0;
         for j in 1..logits.len() {
             if logits[j] > logits[best] {
@@ -170,6 +194,18 @@ pub struct Stream {
     pub id_last: i32,
     pub live: bool,
 }
+
+/// What seq_info reports for a sequence that holds nothing.
+const EMPTY_INFO: llama_spec_dflash2_seq_info = llama_spec_dflash2_seq_info {
+    n_in_kv: 0,
+    n_queued: 0,
+    n_held: 0,
+    n_outstanding: -1,
+    next_draft_pos: 0,
+    last_target_pos: -1,
+    kv_pos_min: -1,
+    kv_pos_max: -1,
+};
 
 /// A target context, a dflash2 engine on it, and the host's view of its sequences.
 pub struct Host {
@@ -254,7 +290,8 @@ impl Host {
         let keep = s.n_past + n_acc + 1;
         self.target.seq_rm(seq, keep, -1);
         let rc = unsafe { llama_spec_dflash2_accept(self.spec, seq, n_acc) };
-        let ok = check_status(rc, "accept") && check_status(unsafe { llama_spec_dflash2_seq_rm(self.spec, seq, keep, -1) }, "seq_rm");
+        let ok = check_status(rc, "accept")
+            && check_status(unsafe { llama_spec_dflash2_seq_rm(self.spec, seq, keep, -1) }, "seq_rm");
         self.streams[seq as usize] = Stream { n_past: keep, id_last: *out.last().unwrap(), live: ok };
         out
     }
@@ -263,23 +300,22 @@ impl Host {
     /// cells dense from 0, the map and libllama agreeing.
     pub fn check_invariants(&self) {
         for seq in 0..N_SEQ {
-            let mut info = llama_spec_dflash2_seq_info {
-                n_in_kv: 0,
-                n_queued: 0,
-                n_held: 0,
-                n_outstanding: 0,
-                next_draft_pos: 0,
-                last_target_pos: 0,
-                kv_pos_min: 0,
-                kv_pos_max: 0,
-            };
+            let mut info = EMPTY_INFO;
             let rc = unsafe { llama_spec_dflash2_seq_info(self.spec, seq, &mut info) };
             assert_eq!(rc, 0, "seq_info: {}", last_error());
             assert!(info.n_in_kv >= 0 && info.n_queued >= 0 && info.n_held >= 0, "{info:?}");
             if info.n_in_kv > 0 {
-                assert_eq!((info.kv_pos_min, info.kv_pos_max), (0, info.n_in_kv - 1), "seq {seq}: draft KV not dense: {info:?}");
+                assert_eq!(
+                    (info.kv_pos_min, info.kv_pos_max),
+                    (0, info.n_in_kv - 1),
+                    "seq {seq}: draft KV not dense: {info:?}"
+                );
             } else {
-                assert_eq!(info.kv_pos_max, -1, "seq {seq}: cells in the draft KV the map does not know: {info:?}");
+                assert_eq!(
+                    (info.kv_pos_min, info.kv_pos_max),
+                    (-1, -1),
+                    "seq {seq}: cells in the draft KV the map does not know: {info:?}"
+                );
             }
             assert_eq!(info.next_draft_pos, info.n_in_kv, "seq {seq}: {info:?}");
             if info.n_outstanding < 0 {
@@ -288,26 +324,63 @@ impl Host {
         }
     }
 
-    /// Forgets everything, then generates the pair's prompt speculatively: it
-    /// must equal target-only greedy decoding.
-    pub fn check_clean_generation(&mut self) {
+    /// The state blob of `seq`, which must save.
+    pub fn save(&self, seq: i32) -> Vec<u8> {
+        let mut size = 0usize;
+        assert_eq!(
+            unsafe { llama_spec_dflash2_state_size(self.spec, seq, &mut size) },
+            0,
+            "state_size: {}",
+            last_error()
+        );
+        let mut blob = vec![0u8; size];
+        let mut written = 0usize;
+        let rc = unsafe { llama_spec_dflash2_state_get(self.spec, seq, blob.as_mut_ptr(), size, &mut written) };
+        assert_eq!(rc, 0, "state_get: {}", last_error());
+        assert!(written <= size, "state_get wrote {written} of {size} bytes");
+        blob.truncate(written);
+        blob
+    }
+
+    /// Forgets every sequence (engine and target), then checks the engine really
+    /// holds nothing: a sequence seq_clear leaves behind is a defect (a poisoned
+    /// state blob once left cells that no clear removed).
+    pub fn check_cleared(&mut self) {
         let rc = unsafe { llama_spec_dflash2_seq_clear(self.spec, -1) };
         assert_eq!(rc, 0, "seq_clear(-1): {}", last_error());
         self.target.seq_rm(-1, -1, -1);
-        self.check_invariants();
+        self.streams = vec![Stream::default(); N_SEQ as usize];
+        for seq in 0..N_SEQ {
+            self.check_empty(seq, "after seq_clear(-1)");
+        }
+    }
+
+    /// `seq` holds nothing: no draft KV cells (as the map and libllama see them),
+    /// no queued or held rows, no draft awaiting accept().
+    pub fn check_empty(&self, seq: i32, when: &str) {
+        let mut info = EMPTY_INFO;
+        let rc = unsafe { llama_spec_dflash2_seq_info(self.spec, seq, &mut info) };
+        assert_eq!(rc, 0, "seq_info: {}", last_error());
+        let got = (info.n_in_kv, info.n_queued, info.n_held, info.n_outstanding, info.next_draft_pos);
+        let pos = (info.last_target_pos, info.kv_pos_min, info.kv_pos_max);
+        assert!(got == (0, 0, 0, -1, 0) && pos == (-1, -1, -1), "seq {seq} not empty {when}: {info:?}");
+    }
+
+    /// Forgets everything, then generates `n` tokens (at most N_CHECK) after the
+    /// pair's prompt speculatively: they must equal target-only greedy decoding.
+    pub fn check_clean_generation(&mut self, n: usize) {
+        self.check_cleared();
         let p = pair();
         assert!(self.prefill(0, &p.prompt), "prefill after a clear: {}", last_error());
         let mut out = vec![self.streams[0].id_last];
-        while out.len() < N_CHECK {
+        while out.len() < n {
             let step = self.step(0, 3);
             assert!(!step.is_empty(), "a clean step failed: {}", last_error());
             out.extend(step);
         }
-        out.truncate(N_CHECK);
-        assert_eq!(out, p.reference, "clean generation after the input differs from target-only");
-        unsafe { llama_spec_dflash2_seq_clear(self.spec, -1) };
-        self.target.seq_rm(-1, -1, -1);
-        self.streams = vec![Stream::default(); N_SEQ as usize];
+        out.truncate(n);
+        assert_eq!(out, p.reference[..n], "clean generation after the input differs from target-only");
+        self.check_cleared();
     }
 }
 
@@ -372,16 +445,7 @@ pub fn sample_blobs() -> Vec<Vec<u8>> {
     let p = pair();
     let mut host = Host::new();
     let mut out = Vec::new();
-    let mut save = |host: &Host| {
-        let mut size = 0usize;
-        assert_eq!(unsafe { llama_spec_dflash2_state_size(host.spec, 0, &mut size) }, 0, "{}", last_error());
-        let mut blob = vec![0u8; size];
-        let mut written = 0usize;
-        let rc = unsafe { llama_spec_dflash2_state_get(host.spec, 0, blob.as_mut_ptr(), size, &mut written) };
-        assert_eq!(rc, 0, "{}", last_error());
-        blob.truncate(written);
-        out.push(blob);
-    };
+    let mut save = |host: &Host| out.push(host.save(0));
     save(&host);
     assert!(host.prefill(0, &p.prompt[..4]));
     save(&host);
@@ -391,4 +455,135 @@ pub fn sample_blobs() -> Vec<Vec<u8>> {
     }
     save(&host);
     out
+}
+
+/// The checks that end every input of the engine-level fuzzers.
+///
+/// Every input ends with seq_clear and the check that the engine then really
+/// holds nothing (cheap). The full clean generation (`N_CHECK` tokens: ~30
+/// libllama decodes, ~14 ms of CPU under ASan, a hundred times an average
+/// input) runs after every `every`-th input (`DFLASH2_FUZZ_FULL_EVERY`, 1 =
+/// after every input); an input the target flags as suspect (it touched state
+/// in a way the cheap checks cannot vouch for) gets the quick one (`N_QUICK`
+/// tokens) at once. A broken engine stays broken (that is what makes it a
+/// defect), so the next full generation finds it; when any check fails, the
+/// inputs since the last passing full generation are written out, in order, to
+/// replay (`DFLASH2_FUZZ_FULL_EVERY=1 BINARY DIR/*` runs each file once, in
+/// order, in one process, with the full generation after each).
+pub struct Checks {
+    every: u64,
+}
+
+/// Inputs since the last passing full clean generation (written out by the
+/// panic hook when a check fails).
+static HISTORY: Mutex<History> = Mutex::new(History { slots: Vec::new(), len: 0 });
+static INPUTS: AtomicU64 = AtomicU64::new(0);
+static FULL: AtomicU64 = AtomicU64::new(0);
+static QUICK: AtomicU64 = AtomicU64::new(0);
+static EVERY: AtomicU64 = AtomicU64::new(0);
+
+/// Reuses its buffers: an input that leaves more allocations than it frees makes
+/// libFuzzer run a LeakSanitizer scan of the whole heap after it (~20 ms).
+struct History {
+    slots: Vec<Vec<u8>>,
+    len: usize,
+}
+
+impl History {
+    fn push(&mut self, data: &[u8]) {
+        if self.len == self.slots.len() {
+            self.slots.push(Vec::with_capacity(4096));
+        }
+        let slot = &mut self.slots[self.len];
+        slot.clear();
+        slot.extend_from_slice(data);
+        self.len += 1;
+    }
+
+    fn inputs(&self) -> &[Vec<u8>] {
+        &self.slots[..self.len]
+    }
+}
+
+impl Checks {
+    /// `every`: the full generation's period unless DFLASH2_FUZZ_FULL_EVERY says otherwise.
+    pub fn new(every: u64) -> Checks {
+        let every = std::env::var("DFLASH2_FUZZ_FULL_EVERY").ok().and_then(|v| v.parse().ok()).unwrap_or(every).max(1);
+        static HOOK: Once = Once::new();
+        // after libfuzzer-sys's own hook (installed before the first input), which aborts
+        HOOK.call_once(|| {
+            EVERY.store(every, Ordering::Relaxed);
+            let mut history = HISTORY.lock().unwrap();
+            while history.slots.len() <= every.min(256) as usize {
+                history.slots.push(Vec::with_capacity(4096));
+            }
+            drop(history);
+            let abort = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                write_history();
+                abort(info);
+            }));
+            unsafe { libc::atexit(print_counts) };
+        });
+        Checks { every }
+    }
+
+    /// Runs one input (`body` returns true when the input is suspect), then the checks.
+    pub fn input(&mut self, host: &mut Host, data: &[u8], body: impl FnOnce(&mut Host) -> bool) {
+        HISTORY.lock().unwrap().push(data);
+        let n = INPUTS.fetch_add(1, Ordering::Relaxed) + 1;
+        let suspect = body(host);
+        host.check_cleared();
+        if n % self.every == 0 {
+            self.clean_generation(host);
+        } else if suspect {
+            QUICK.fetch_add(1, Ordering::Relaxed);
+            host.check_clean_generation(N_QUICK);
+        }
+    }
+
+    /// The full clean generation now (also before an engine is dropped: a
+    /// defect the inputs since the last one left must not go with it).
+    pub fn clean_generation(&mut self, host: &mut Host) {
+        FULL.fetch_add(1, Ordering::Relaxed);
+        host.check_clean_generation(N_CHECK);
+        HISTORY.lock().unwrap().len = 0;
+    }
+}
+
+extern "C" fn print_counts() {
+    eprintln!(
+        "dflash2-fuzz: {} inputs, every one cleared and checked empty; {} full clean generations (every {}th input), {} quick ones (after suspect inputs)",
+        INPUTS.load(Ordering::Relaxed),
+        FULL.load(Ordering::Relaxed),
+        EVERY.load(Ordering::Relaxed),
+        QUICK.load(Ordering::Relaxed)
+    );
+}
+
+/// Writes the inputs since the last passing clean generation beside libFuzzer's
+/// artifacts (the failing input alone may not reproduce a state others left).
+fn write_history() {
+    let Ok(history) = HISTORY.try_lock() else { return };
+    let history = history.inputs();
+    if history.len() < 2 {
+        return; // libFuzzer's crash file is the whole story
+    }
+    let prefix =
+        std::env::args().find_map(|a| a.strip_prefix("-artifact_prefix=").map(str::to_owned)).unwrap_or_default();
+    let dir = PathBuf::from(format!("{prefix}history-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    for (i, data) in history.iter().enumerate() {
+        let _ = std::fs::write(dir.join(format!("{i:06}")), data);
+    }
+    eprintln!(
+        "dflash2-fuzz: the {} inputs since the last passing clean generation (the failing one last) are in {}; \
+         replay them in order, with a full clean generation after each: DFLASH2_FUZZ_FULL_EVERY=1 {} {}/*",
+        history.len(),
+        dir.display(),
+        std::env::args().next().unwrap_or_default(),
+        dir.display()
+    );
 }
