@@ -7,6 +7,7 @@ set -eu
 pc_dir=$1 src=$2 out=$3
 shift 3
 flags=$(PKG_CONFIG_PATH="$pc_dir" pkg-config --cflags --libs dflash2)
+# CFLAGS / LDFLAGS as any build takes them (scripts/sanitizers.sh passes -fsanitize=...)
 # shellcheck disable=SC2086
-cc -std=c11 -Wall -Wextra -Werror -I"$(dirname "$src")" "$src" $flags -o "$out"
+cc -std=c11 -Wall -Wextra -Werror ${CFLAGS:-} -I"$(dirname "$src")" "$src" $flags ${LDFLAGS:-} -o "$out"
 exec "$out" "$@"

@@ -5,6 +5,9 @@
 #   PREFIX/lib/cmake/dflash2/  (find_package(dflash2) -> dflash2::dflash2)
 #
 #   scripts/install.sh PREFIX
+#
+# Builds with whatever cargo, RUSTFLAGS, CARGO_TARGET_DIR and CARGO_BUILD_TARGET
+# the environment names (scripts/sanitizers.sh installs an ASan build this way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +23,11 @@ version=$(cargo metadata --no-deps --format-version 1 |
     python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "dflash2"))')
 target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 
+# with --target (CARGO_BUILD_TARGET) cargo puts the artifacts under the triple's folder
+built="$target_dir/${CARGO_BUILD_TARGET:+$CARGO_BUILD_TARGET/}release"
 install -d "$prefix/lib" "$prefix/include"
-install -m 755 "$target_dir/release/libdflash2.so" "$prefix/lib/libdflash2.so"
-install -m 644 "$target_dir/release/libdflash2.a" "$prefix/lib/libdflash2.a"
+install -m 755 "$built/libdflash2.so" "$prefix/lib/libdflash2.so"
+install -m 644 "$built/libdflash2.a" "$prefix/lib/libdflash2.a"
 install -m 644 include/dflash2.h "$prefix/include/dflash2.h"
 install -m 644 include/dflash2.hpp "$prefix/include/dflash2.hpp"
 cmake -DPREFIX="$prefix" -DDFLASH2_LLAMA_PREFIX="$llama_prefix" -DVERSION="$version" -P cmake/install.cmake

@@ -13,6 +13,11 @@
 #   DFLASH2_LLAMA_PREFIX  use your own llama.cpp install prefix instead (include/llama.h,
 #                         lib/libllama.so); this script then only prints it
 #   DFLASH2_JOBS          parallel build jobs (default: nproc)
+#   DFLASH2_LLAMA_VARIANT unset (the pinned native build) or `portable`: no -march=native,
+#                         no AVX-512 / AMX (SSE4.2, AVX2, FMA, F16C, BMI2 only), with debug
+#                         info, built and cached beside the native one (prefix-rN-portable,
+#                         build-rN-portable). Valgrind runs the C tests against it
+#                         (scripts/sanitizers.sh valgrind): it cannot execute AVX-512 or AMX.
 set -euo pipefail
 
 PIN_PACKAGE=llama-cpp-python
@@ -34,6 +39,24 @@ CMAKE_FLAGS=(
     -DGGML_NATIVE=ON
     -DCMAKE_INSTALL_LIBDIR=lib
 )
+VARIANT=${DFLASH2_LLAMA_VARIANT:-}
+case "$VARIANT" in
+    "") ;;
+    portable)
+        CMAKE_FLAGS+=(
+            -DCMAKE_BUILD_TYPE=RelWithDebInfo
+            -DGGML_NATIVE=OFF
+            -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+            -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+        )
+        ;;
+    *)
+        echo "[llama-cpp] unknown DFLASH2_LLAMA_VARIANT=$VARIANT (known: portable)" >&2
+        exit 2
+        ;;
+esac
+# the cached prefix and build folder are keyed by recipe and variant
+SUFFIX="r${RECIPE}${VARIANT:+-$VARIANT}"
 
 cache_root() {
     echo "${DFLASH2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash2}"
@@ -51,7 +74,7 @@ prefix_dir() {
     if [ -n "${DFLASH2_LLAMA_PREFIX:-}" ]; then
         echo "$DFLASH2_LLAMA_PREFIX"
     else
-        echo "$(pin_root)/prefix-r${RECIPE}"
+        echo "$(pin_root)/prefix-${SUFFIX}"
     fi
 }
 
@@ -103,7 +126,7 @@ fetch_source() {
 }
 
 build_dir() {
-    echo "$(pin_root)/build-r${RECIPE}"
+    echo "$(pin_root)/build-${SUFFIX}"
 }
 
 build_install() {
@@ -127,7 +150,7 @@ build_install() {
     cp "$src/src/llama-ext.h" "$prefix/include/"
     mkdir -p "$prefix/include/llama-common"
     cp "$src/common/"*.h "$prefix/include/llama-common/"
-    echo "llama-cpp-python==$PIN_VERSION recipe=$RECIPE built_in_s=$(( $(date +%s) - start ))" > "$prefix/.dflash2-built"
+    echo "llama-cpp-python==$PIN_VERSION recipe=$RECIPE${VARIANT:+ variant=$VARIANT} built_in_s=$(( $(date +%s) - start ))" > "$prefix/.dflash2-built"
     log "built in $(( $(date +%s) - start ))s"
 }
 
@@ -152,12 +175,18 @@ case "$cmd" in
             exit 0
         fi
         mkdir -p "$(pin_root)"
-        # one build at a time per cache, even with several clones running at once
-        exec 9>"$(pin_root)/.lock"
-        flock 9
+        # one build at a time per cache and variant, even with several clones running at
+        # once (a variant's build does not hold up users of another, already built one)
         if [ ! -f "$(prefix_dir)/.dflash2-built" ]; then
             ensure_tools
+            exec 8>"$(pin_root)/.lock-fetch"
+            flock 8
             fetch_source
+            exec 8>&-
+        fi
+        exec 9>"$(pin_root)/.lock${VARIANT:+-$VARIANT}"
+        flock 9
+        if [ ! -f "$(prefix_dir)/.dflash2-built" ]; then
             build_install
         fi
         prefix_dir

@@ -2,17 +2,28 @@
 # Reliability figures of dflash2, re-runnable by anyone: coverage-guided fuzzing
 # (cargo-fuzz / libFuzzer, nightly toolchain) of the GGUF reader, the drafter
 # check, state blobs and API call sequences against the fixture pair; then the
-# soak (tests/soak.rs), the Rust integration tests under AddressSanitizer
-# (scripts/sanitizers.sh) and llama-server under load and faults
-# (tests/server/load_faults.py).
+# soak (tests/soak.rs), the Rust and C tests under AddressSanitizer, under
+# UBSan (C) and Rust's overflow / debug-assertion checks, the C tests under
+# valgrind memcheck (scripts/sanitizers.sh asan / ubsan / valgrind), and
+# llama-server under load and faults (tests/server/load_faults.py).
 #
-#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,server] [TARGET...]
+#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server] [TARGET...]
 #
-# --quick: 60 s per fuzz target, a 500-step soak, a subset of the tests under
-# ASan and a 1-minute server load (part of scripts/test.sh); default: 600 s per
-# target, 10,000 soak steps, every integration test under ASan, a 5-minute load.
-# Prints per target: executions, coverage, crashes; exits non-zero on a crash
-# (the reproducer is left in fuzz/artifacts/TARGET/) or any failed part.
+# --quick (part of scripts/test.sh, which CI runs on 2 cores): 60 s per fuzz
+# target, a 200-step soak, the API-surface Rust tests and the C tests but the
+# SmolLM2 parity and benchmark smokes under ASan (the C ones also under UBSan),
+# and a 1-minute server load. Not the 500-step soak: 250 steps took 412 s on a
+# loaded 2-core machine, so 500 would make --quick alone longer than the rest
+# of scripts/test.sh; 200 still passes the warm-up (50 steps) that the RSS check
+# measures from, and does ~25 random memory operations. Not the ubsan part (a
+# third full build of every test: the C tests already run under UBSan in the
+# asan part) nor valgrind (it needs the portable llama.cpp build, ~50 min on
+# such a machine). Default: 600 s per target, 10,000 soak steps, every test
+# under each tool, a 5-minute load.
+# Prints per target: executions, coverage, crashes (and, for the engine-level
+# targets, how many clean generations checked the engine); one line per other
+# part; exits non-zero on a crash (the reproducer is left in
+# fuzz/artifacts/TARGET/) or any failed part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -71,7 +82,21 @@ for t in "${targets[@]}"; do
     extra=()
     [ "$t" = checkpoint ] || [ "$t" = gguf_reader ] && extra+=(-max_len="$max_len")
     echo "== fuzz $t for ${seconds}s" >&2
+    t0=$SECONDS
     set +e
+    # the inputs that once found a defect first, each run once (fuzz/regressions/README.md)
+    regressions=0
+    if [ -d "regressions/$t" ]; then
+        regressions=$(find "regressions/$t" -type f | wc -l)
+        if ! cargo +nightly fuzz run --release "$t" $(find "regressions/$t" -type f | sort) >"$log.regressions" 2>&1; then
+            line="$t: regression inputs FAILED (see $log.regressions)"
+            echo "$line" >&2
+            summary+=("$line")
+            status=1
+            set -e
+            continue
+        fi
+    fi
     cargo +nightly fuzz run --release "$t" "$corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 \
         "${extra[@]}" >"$log" 2>&1
     rc=$?
@@ -80,6 +105,11 @@ for t in "${targets[@]}"; do
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
     crashes=$(ls "artifacts/$t" 2>/dev/null | grep -c '^crash-\|^leak-\|^oom-\|^timeout-' || true)
     line="$t: ${execs:-0} executions, coverage ${cov:-?} edges, corpus $(ls "$corpus/$t" | wc -l) inputs, exit $rc"
+    [ "$regressions" -gt 0 ] && line="$line; $regressions regression inputs passed"
+    # the engine-level targets say how often a clean generation checked the engine (fuzz/src/lib.rs: Checks)
+    checks=$(sed -n 's/^dflash2-fuzz: [0-9]* inputs, every one cleared and checked empty; \(.*\)/\1/p' "$log" | tail -1)
+    [ -n "$checks" ] && line="$line; $checks"
+    line="$line [$((SECONDS - t0)) s]"
     if [ $rc -ne 0 ]; then
         line="$line — FAILED (see $log and fuzz/artifacts/$t)"
         status=1
@@ -95,13 +125,13 @@ trained="$root/../shared/models/smollm2-135m-dflash2.gguf"
 part() { # name command...: runs one part, records its last line
     local name=$1; shift
     echo "== $name" >&2
-    local log="$root/target/reliability-$name.log"
+    local log="$root/target/reliability-$name.log" t0=$SECONDS
     set +e
     "$@" >"$log" 2>&1
     local rc=$?
     set -e
     local line
-    line="$name: $(grep -E "$summary_re" "$log" | tail -1)"
+    line="$name: $(grep -E "$summary_re" "$log" | tail -1 | sed "s/^$name: //") [$((SECONDS - t0)) s]"
     [ $rc -eq 0 ] || { line="$line — FAILED (exit $rc, see $log)"; status=1; }
     echo "$line" >&2
     summary+=("$line")
@@ -109,17 +139,21 @@ part() { # name command...: runs one part, records its last line
 
 if [[ $skip != *,soak,* ]]; then
     steps=10000
-    [ $quick = 1 ] && steps=500
+    [ $quick = 1 ] && steps=200
     summary_re="soak result|panicked"
     [ -f "$trained" ] && export DFLASH2_SOAK_DRAFTER="$trained"
     part soak env DFLASH2_SOAK_STEPS=$steps cargo test -q --release --test soak -- --ignored --nocapture
 fi
-if [[ $skip != *,asan,* ]]; then
-    summary_re="asan:"
-    asan_args=()
-    [ $quick = 1 ] && asan_args=(--quick)
-    part asan scripts/sanitizers.sh "${asan_args[@]}"
-fi
+san_args=()
+[ $quick = 1 ] && san_args=(--quick)
+tools=(asan ubsan valgrind)
+[ $quick = 1 ] && tools=(asan) # why: see --quick above
+for tool in "${tools[@]}"; do
+    if [[ $skip != *,$tool,* ]]; then
+        summary_re="^$tool:"
+        part "$tool" scripts/sanitizers.sh "${san_args[@]}" "$tool"
+    fi
+done
 if [[ $skip != *,server,* ]]; then
     summary_re="^load:|^PASS|^FAIL"
     load_s=300
@@ -135,6 +169,6 @@ if [[ $skip != *,server,* ]]; then
 fi
 
 echo
-echo "reliability summary:"
+echo "reliability summary ($SECONDS s in all, builds included):"
 printf '  %s\n' "${summary[@]}"
 exit $status
