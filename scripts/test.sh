@@ -2,7 +2,8 @@
 # Runs every test of dflash2 on a fresh machine: builds (or reuses from the cache)
 # the pinned llama.cpp, fetches the real test target, checks formatting, lints,
 # the committed header, runs the Rust tests, installs the library and runs the C
-# tests through find_package(dflash2).
+# tests through find_package(dflash2), the server tests, and the quick
+# reliability pass (scripts/reliability.sh --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -80,5 +81,11 @@ scripts/llama-server-tests.sh "$build/smollm2-dflash2-generated.gguf"
 
 step "exports of libdflash2.so"
 nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'
+
+step "reliability, quick: fuzzing, soak, ASan/UBSan, server load (scripts/reliability.sh --quick)"
+# 60 s per fuzz target, a 200-step soak, the C tests and the API-surface Rust
+# tests under ASan, a 1-minute llama-server load with faults; installs the
+# nightly toolchain and cargo-fuzz when missing. Its summary says what each part did.
+scripts/reliability.sh --quick
 
 step "all tests passed in $(( $(date +%s) - start ))s"
