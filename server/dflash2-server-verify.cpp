@@ -165,3 +165,40 @@ std::vector<llama_token> dflash2_server_verify_replay(common_sampler * smpl, lla
     }
     return result;
 }
+
+std::vector<llama_token> dflash2_server_verify_tree(common_sampler * smpl, llama_context * ctx,
+        const std::vector<int> & idxs, const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post,
+        dflash2_server_verified & verified, std::vector<int32_t> & path) {
+    GGML_ASSERT(idxs.size() == nodes.size() + 1 && "a tree verifies in one row per node and the anchor's");
+    verified.clear();
+    path.clear();
+
+    std::vector<llama_token> result;
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+
+    int32_t cur = -1; // the anchor
+    while (true) {
+        const int32_t row = idxs[cur + 1];
+        const llama_token id = common_sampler_sample(smpl, ctx, row);
+        verified.keep(row, *common_sampler_get_candidates(smpl, false), id, n_probs_post);
+        common_sampler_accept(smpl, id, true);
+        result.push_back(id);
+        // no drafted token after an end-of-generation token: the server stops there
+        if (llama_vocab_is_eog(vocab, id)) {
+            break;
+        }
+        int32_t next = -1;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            if (nodes[i].parent == cur && nodes[i].token == id) {
+                next = (int32_t) i;
+                break;
+            }
+        }
+        if (next < 0) {
+            break;
+        }
+        path.push_back(next);
+        cur = next;
+    }
+    return result;
+}
