@@ -14,7 +14,7 @@ struct slot_sampling {
     std::string mode = "greedy";  // for /slots
 
     bool    restart       = true;  // a new generation began: the library's generators start over
-    bool    tree          = false; // greedy with --spec-dflash2-tree: the slot drafts trees
+    bool    tree          = false; // --spec-dflash2-tree and a sampler trees can verify: the slot drafts trees
     bool    sampled_draft = false; // the draft awaiting verification was sampled
     int32_t n_verified    = -1;    // positions the library's sampled verification accepted, until accept()
 
@@ -79,13 +79,9 @@ struct spec_dflash2 : dflash2_server_spec {
             dp.result->clear();
             const slot_sampling & s = sampling[seq];
             if (s.tree && tree.has_room((llama_seq_id) seq, (int32_t) tree_requests.size())) {
-                dflash2::tree_request r = {};
-                r.seq_id     = (int32_t) seq;
-                r.id_last    = dp.id_last;
-                r.n_nodes    = tree.n_nodes;
-                r.max_depth  = dp.n_max;
-                r.max_leaves = tree.n_leaves;
-                tree_requests.push_back(r);
+                // temperature 0: the greedy tree; > 0: a sampled tree for lossless verification
+                tree_requests.push_back(dflash2::make_tree_request((int32_t) seq, dp.id_last, tree.n_nodes, dp.n_max,
+                        tree.n_leaves, s.temp, s.seed));
                 continue;
             }
             // temperature 0: the greedy chain, as before
@@ -101,9 +97,9 @@ struct spec_dflash2 : dflash2_server_spec {
                     for (const auto & node : trees[k]) {
                         result.push_back(node.token);
                     }
-                    tree.set(seq, std::move(trees[k]));
-                    sampling[seq].sampled_draft = false;
+                    sampling[seq].sampled_draft = tree_requests[k].temperature > 0.0f && !trees[k].empty();
                     sampling[seq].n_verified    = -1;
+                    tree.set(seq, std::move(trees[k]));
                 }
             } catch (const dflash2::error & e) {
                 LOG_ERR("%s\n", e.what());
@@ -155,7 +151,10 @@ struct spec_dflash2 : dflash2_server_spec {
     // the verified path of seq's tree into the engine, then into the target's KV cache
     void accept_tree(llama_seq_id seq_id, int32_t n_accepted) {
         auto & st = tree.slots[seq_id];
-        if (!st.verified || (int32_t) st.path.size() != n_accepted) {
+        // a sampled tree's verification runs to its end (the library wants its whole
+        // path) also past an end-of-generation token; the server trims the rest
+        const bool whole = sampling[seq_id].sampled_draft && (int32_t) st.path.size() >= n_accepted;
+        if (!st.verified || (!whole && (int32_t) st.path.size() != n_accepted)) {
             // cannot happen: the server accepts what sample_and_accept_n verified
             LOG_ERR("dflash2: slot %d accepts %d tokens of a tree whose verified path has %zu\n", seq_id, n_accepted,
                     st.path.size());
@@ -213,23 +212,27 @@ struct spec_dflash2 : dflash2_server_spec {
         s.temp = 0.0f;
         s.seed = common_sampler_get_seed(smpl);
         s.tree = false;
+        const char * blocker = params.temp > 0.0f ? dflash2_server_sampled_verify_blocker(params) : nullptr;
         if (tree.on()) {
-            // trees are verified greedily for now; one line per request says why a slot drafts chains
-            const char * why = params.temp > 0.0f ? "it samples (temperature > 0): tree verification is greedy only"
-                             : params.backend_sampling ? "it samples on the backend, which sees the slot's own rows only"
-                             : nullptr;
-            s.tree = why == nullptr;
-            if (why && s.restart) {
-                LOG_INF("dflash2: slot %d drafts chains for this request: %s\n", seq_id, why);
+            // greedy slots verify trees by sample-and-match, sampling ones by lossless
+            // rejection sampling over each node's children; one line per request says
+            // why a slot drafts chains instead
+            std::string why = params.backend_sampling ? "it samples on the backend, which sees the slot's own rows only"
+                            : blocker ? std::string("its sampler needs sample-and-match (") + blocker + "), which "
+                                        "verifies greedy trees only"
+                            : "";
+            s.tree = why.empty();
+            if (!s.tree && s.restart) {
+                LOG_INF("dflash2: slot %d drafts chains for this request: %s\n", seq_id, why.c_str());
             }
         }
         if (params.temp <= 0.0f) {
             s.mode = s.tree ? "greedy-tree" : "greedy";
-        } else if (const char * why = dflash2_server_sampled_verify_blocker(params)) {
-            s.mode = std::string("sample-and-match: ") + why;
+        } else if (blocker) {
+            s.mode = std::string("sample-and-match: ") + blocker;
         } else {
             s.temp = params.temp;
-            s.mode = "rejection-sampling";
+            s.mode = s.tree ? "rejection-sampling-tree" : "rejection-sampling";
             if (s.restart) {
                 restart_generators(seq_id);
             }
@@ -256,6 +259,10 @@ struct spec_dflash2 : dflash2_server_spec {
         if (tree.active(seq_id)) {
             auto & st = tree.slots[seq_id];
             st.verified = true;
+            if (s.sampled_draft) {
+                return dflash2_server_verify_tree_sampled(engine, seq_id, smpl, ctx, idxs, st.nodes, n_probs_post,
+                        s.verified, st.path);
+            }
             return dflash2_server_verify_tree(smpl, ctx, idxs, st.nodes, n_probs_post, s.verified, st.path);
         }
         if (!s.sampled_draft) {

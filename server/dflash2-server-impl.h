@@ -172,3 +172,14 @@ struct dflash2_server_tree {
 std::vector<llama_token> dflash2_server_verify_tree(common_sampler * smpl, llama_context * ctx,
         const std::vector<int> & idxs, const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post,
         dflash2_server_verified & verified, std::vector<int32_t> & path);
+
+// lossless verification of a sampled tree (drafted at the slot's temperature):
+// at the anchor, then at each accepted node, the slot's sampler gives p at the
+// node's row and the library (llama_spec_dflash2_verify_tree_sampled_step)
+// accepts one of its children or draws the residual / bonus token. Returns the
+// emitted tokens, `path` the accepted nodes (past an end-of-generation token too:
+// the library's verification runs to its end)
+std::vector<llama_token> dflash2_server_verify_tree_sampled(dflash2::engine & engine, llama_seq_id seq_id,
+        common_sampler * smpl, llama_context * ctx, const std::vector<int> & idxs,
+        const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post, dflash2_server_verified & verified,
+        std::vector<int32_t> & path);

@@ -24,8 +24,8 @@
 //   --spec-dflash2-image-rows M   inject | skip: what the drafter does with image rows
 //   --spec-dflash2-walk W         greedy (as upstream) | adaptive (draft what pays for its verification)
 //   --spec-dflash2-upstream       serve draft-dflash with llama.cpp's own path (for comparison)
-//   --spec-dflash2-tree N         greedy slots draft and verify trees of up to N nodes per step
-//                                 (0 = chains); needs a unified KV cache (-kvu; one slot gets
+//   --spec-dflash2-tree N         slots draft and verify trees of up to N nodes per step (greedy
+//                                 or sampled; 0 = chains); needs a unified KV cache (-kvu; one slot gets
 //                                 one) and a pure-attention target, otherwise chains
 // returns false with a message on stderr for a bad value
 bool dflash2_server_take_args(int & argc, char ** argv);
