@@ -225,7 +225,8 @@ struct engine {
         path.resize(n_emitted - 1);
     }
 
-    // accept_tree(): the host verified seq_id's tree and keeps `path` (node indices, depth 1 first)
+    // the host verified seq_id's tree itself and accepts `path` (node indices, depth 1
+    // first; empty when the target rejected every child of the anchor)
     void accept_tree(llama_seq_id seq_id, const std::vector<int32_t> & path) {
         check(llama_spec_dflash2_accept_tree(get(), seq_id, path.data(), (int32_t) path.size()), "accept_tree");
     }

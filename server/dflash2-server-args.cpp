@@ -61,6 +61,19 @@ bool dflash2_server_take_args(int & argc, char ** argv) {
                 fprintf(stderr, "error: --spec-dflash2-walk is greedy or adaptive, got '%s'\n", v);
                 return false;
             }
+        } else if (arg == "--spec-dflash2-tree") {
+            const char * v = value();
+            if (!v) {
+                return false;
+            }
+            char * end = nullptr;
+            const long n = std::strtol(v, &end, 10);
+            if (*end != '\0' || n < 0 || n > DFLASH2_SERVER_TREE_MAX_NODES) {
+                fprintf(stderr, "error: --spec-dflash2-tree needs 0 (chains) or the nodes of a slot's tree, 1 to %d, got '%s'\n",
+                        DFLASH2_SERVER_TREE_MAX_NODES, v);
+                return false;
+            }
+            opts.tree_nodes = (int32_t) n;
         } else if (arg == "--spec-dflash2-upstream") {
             opts.use_upstream = true;
         } else {

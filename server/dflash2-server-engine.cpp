@@ -14,6 +14,7 @@ struct slot_sampling {
     std::string mode = "greedy";  // for /slots
 
     bool    restart       = true;  // a new generation began: the library's generators start over
+    bool    tree          = false; // --spec-dflash2-tree and a sampler trees can verify: the slot drafts trees
     bool    sampled_draft = false; // the draft awaiting verification was sampled
     int32_t n_verified    = -1;    // positions the library's sampled verification accepted, until accept()
 
@@ -30,6 +31,10 @@ struct spec_dflash2 : dflash2_server_spec {
     std::vector<dflash2::row>             rows;
     std::vector<dflash2::draft_request>   requests;
     std::vector<std::vector<llama_token>> drafts;
+    std::vector<dflash2::tree_request>           tree_requests;
+    std::vector<std::vector<dflash2::tree_node>> trees;
+
+    dflash2_server_tree tree; // off unless --spec-dflash2-tree and the context can branch
 
     spec_dflash2(llama_context * ctx_tgt, const std::string & path_draft, const dflash2::params & params,
             int32_t n_parallel)
@@ -37,6 +42,8 @@ struct spec_dflash2 : dflash2_server_spec {
         dflash2_server_publish_stats(engine.get_stats(), engine.n_max());
         LOG_INF("%s: dflash2 %s serves the DFlash2 drafter '%s' (n_max %d, block %d)\n", __func__, dflash2::version(),
                 path_draft.c_str(), engine.n_max(), engine.block_size());
+        const dflash2_server_options & opts = dflash2_server_opts();
+        tree.init(ctx_tgt, n_parallel, opts.tree_nodes, opts.tree_leaves);
     }
 
     const char * name() const override { return "dflash2"; }
@@ -47,7 +54,11 @@ struct spec_dflash2 : dflash2_server_spec {
     void begin(llama_seq_id seq_id, const llama_tokens &) override { sampling.at(seq_id).restart = true; }
 
     bool process(const common_batch & batch) override {
-        dflash2_rows_from_batch(batch, rows);
+        if (tree.on()) {
+            tree.rows_from_batch(batch, rows);
+        } else {
+            dflash2_rows_from_batch(batch, rows);
+        }
         try {
             engine.process(rows);
         } catch (const dflash2::error & e) {
@@ -59,6 +70,7 @@ struct spec_dflash2 : dflash2_server_spec {
 
     void draft() override {
         requests.clear();
+        tree_requests.clear();
         for (size_t seq = 0; seq < dparams.size(); ++seq) {
             auto & dp = dparams[seq];
             if (!dp.drafting || dp.n_max <= 0 || !dp.result) {
@@ -66,8 +78,32 @@ struct spec_dflash2 : dflash2_server_spec {
             }
             dp.result->clear();
             const slot_sampling & s = sampling[seq];
+            if (s.tree && tree.has_room((llama_seq_id) seq, (int32_t) tree_requests.size())) {
+                // temperature 0: the greedy tree; > 0: a sampled tree for lossless verification
+                tree_requests.push_back(dflash2::make_tree_request((int32_t) seq, dp.id_last, tree.n_nodes, dp.n_max,
+                        tree.n_leaves, s.temp, s.seed));
+                continue;
+            }
             // temperature 0: the greedy chain, as before
             requests.push_back(dflash2::make_request((int32_t) seq, dp.id_last, dp.n_max, s.temp, s.seed));
+        }
+        // trees and chains in one step take two draft decodes (sampling slots beside greedy ones)
+        if (!tree_requests.empty()) {
+            try {
+                engine.draft_tree(tree_requests, trees);
+                for (size_t k = 0; k < tree_requests.size(); ++k) {
+                    const llama_seq_id seq = tree_requests[k].seq_id;
+                    auto & result = *dparams[seq].result;
+                    for (const auto & node : trees[k]) {
+                        result.push_back(node.token);
+                    }
+                    sampling[seq].sampled_draft = tree_requests[k].temperature > 0.0f && !trees[k].empty();
+                    sampling[seq].n_verified    = -1;
+                    tree.set(seq, std::move(trees[k]));
+                }
+            } catch (const dflash2::error & e) {
+                LOG_ERR("%s\n", e.what());
+            }
         }
         if (!requests.empty()) {
             try {
@@ -97,12 +133,47 @@ struct spec_dflash2 : dflash2_server_spec {
             n = sampling[seq_id].n_verified;
             sampling[seq_id].n_verified = -1;
         }
+        if (tree.active(seq_id)) {
+            accept_tree(seq_id, n);
+        } else {
+            try {
+                engine.accept(seq_id, n);
+            } catch (const dflash2::error & e) {
+                LOG_ERR("%s\n", e.what());
+            }
+        }
+        if (tree.on()) {
+            tree.expect_trim(seq_id);
+        }
+        dflash2_server_publish_stats(engine.get_stats(), engine.n_max());
+    }
+
+    // the verified path of seq's tree into the engine, then into the target's KV cache
+    void accept_tree(llama_seq_id seq_id, int32_t n_accepted) {
+        auto & st = tree.slots[seq_id];
+        // a sampled tree's verification runs to its end (the library wants its whole
+        // path) also past an end-of-generation token; the server trims the rest
+        const bool whole = sampling[seq_id].sampled_draft && (int32_t) st.path.size() >= n_accepted;
+        if (!st.verified || (!whole && (int32_t) st.path.size() != n_accepted)) {
+            // cannot happen: the server accepts what sample_and_accept_n verified
+            LOG_ERR("dflash2: slot %d accepts %d tokens of a tree whose verified path has %zu\n", seq_id, n_accepted,
+                    st.path.size());
+            st.path.resize(std::min<size_t>(st.path.size(), (size_t) std::max(n_accepted, 0)));
+        }
         try {
-            engine.accept(seq_id, n);
+            engine.accept_tree(seq_id, st.path);
         } catch (const dflash2::error & e) {
             LOG_ERR("%s\n", e.what());
         }
-        dflash2_server_publish_stats(engine.get_stats(), engine.n_max());
+        tree.commit(seq_id, counters.at(seq_id));
+    }
+
+    bool add_draft_rows(llama_seq_id seq_id, llama_token id_last, const llama_tokens & draft, llama_pos pos0,
+            const dflash2_server_add_row & add) override {
+        if (tree.active(seq_id)) {
+            return tree.add_rows(seq_id, id_last, pos0, add);
+        }
+        return dflash2_server_spec::add_draft_rows(seq_id, id_last, draft, pos0, add);
     }
 
     bool get_state(llama_seq_id seq_id, std::vector<uint8_t> & data) override {
@@ -112,7 +183,19 @@ struct spec_dflash2 : dflash2_server_spec {
 
     void set_state(llama_seq_id seq_id, const std::vector<uint8_t> & data) override { state_load(seq_id, data); }
 
-    void print_stats() const override { dflash2_server_log_stats(engine.get_stats(), engine.n_max()); }
+    void print_stats() const override {
+        dflash2_server_log_stats(engine.get_stats(), engine.n_max());
+        if (tree.on()) {
+            dflash2_server_slot_counters sum;
+            for (const auto & c : counters) {
+                sum.n_tree_steps         += c.n_tree_steps;
+                sum.n_tree_branched      += c.n_tree_branched;
+                sum.n_tree_side_accepted += c.n_tree_side_accepted;
+            }
+            LOG_INF("dflash2: trees verified %lld, with a branch %lld, accepted through a branch off the chain %lld\n",
+                    (long long) sum.n_tree_steps, (long long) sum.n_tree_branched, (long long) sum.n_tree_side_accepted);
+        }
+    }
 
     int32_t n_max() const override { return engine.n_max(); }
 
@@ -128,13 +211,28 @@ struct spec_dflash2 : dflash2_server_spec {
         slot_sampling & s = sampling.at(seq_id);
         s.temp = 0.0f;
         s.seed = common_sampler_get_seed(smpl);
+        s.tree = false;
+        const char * blocker = params.temp > 0.0f ? dflash2_server_sampled_verify_blocker(params) : nullptr;
+        if (tree.on()) {
+            // greedy slots verify trees by sample-and-match, sampling ones by lossless
+            // rejection sampling over each node's children; one line per request says
+            // why a slot drafts chains instead
+            std::string why = params.backend_sampling ? "it samples on the backend, which sees the slot's own rows only"
+                            : blocker ? std::string("its sampler needs sample-and-match (") + blocker + "), which "
+                                        "verifies greedy trees only"
+                            : "";
+            s.tree = why.empty();
+            if (!s.tree && s.restart) {
+                LOG_INF("dflash2: slot %d drafts chains for this request: %s\n", seq_id, why.c_str());
+            }
+        }
         if (params.temp <= 0.0f) {
-            s.mode = "greedy";
-        } else if (const char * why = dflash2_server_sampled_verify_blocker(params)) {
-            s.mode = std::string("sample-and-match: ") + why;
+            s.mode = s.tree ? "greedy-tree" : "greedy";
+        } else if (blocker) {
+            s.mode = std::string("sample-and-match: ") + blocker;
         } else {
             s.temp = params.temp;
-            s.mode = "rejection-sampling";
+            s.mode = s.tree ? "rejection-sampling-tree" : "rejection-sampling";
             if (s.restart) {
                 restart_generators(seq_id);
             }
@@ -158,6 +256,15 @@ struct spec_dflash2 : dflash2_server_spec {
     std::vector<llama_token> sample_and_accept_n(llama_seq_id seq_id, common_sampler * smpl, llama_context * ctx,
             const std::vector<int> & idxs, const llama_tokens & draft, bool is_replay, size_t n_probs_post) override {
         slot_sampling & s = sampling.at(seq_id);
+        if (tree.active(seq_id)) {
+            auto & st = tree.slots[seq_id];
+            st.verified = true;
+            if (s.sampled_draft) {
+                return dflash2_server_verify_tree_sampled(engine, seq_id, smpl, ctx, idxs, st.nodes, n_probs_post,
+                        s.verified, st.path);
+            }
+            return dflash2_server_verify_tree(smpl, ctx, idxs, st.nodes, n_probs_post, s.verified, st.path);
+        }
         if (!s.sampled_draft) {
             return dflash2_server_verify_match(smpl, ctx, idxs, draft, n_probs_post, s.verified);
         }
@@ -175,10 +282,14 @@ struct spec_dflash2 : dflash2_server_spec {
 
     std::string verify_mode(llama_seq_id seq_id) const override { return sampling.at(seq_id).mode; }
 
-    void seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) override { engine.seq_rm(seq_id, p0, p1); }
+    void seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) override {
+        engine.seq_rm(seq_id, p0, p1);
+        tree.on_seq_rm(seq_id, p0, p1);
+    }
 
     void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) override {
         engine.seq_shift(seq_id, p0, p1, delta);
+        tree.on_seq_add(seq_id, p0, p1, delta);
     }
 
     void seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) override {

@@ -117,3 +117,18 @@ std::vector<llama_token> dflash2_server_sample_and_accept_n(dflash2_server_spec 
 int32_t dflash2_server_draft_probs_row(dflash2_server_spec * spec, common_sampler * smpl, llama_seq_id seq_id, size_t i) {
     return spec ? spec->draft_probs_row(seq_id, smpl, i) : -1;
 }
+
+bool dflash2_server_spec::add_draft_rows(llama_seq_id, llama_token id_last, const llama_tokens & draft, llama_pos pos0,
+        const dflash2_server_add_row & add) {
+    static const std::vector<llama_seq_id> own; // the slot's id alone
+    bool ok = add(id_last, pos0, own);
+    for (size_t i = 0; i < draft.size() && ok; ++i) {
+        ok = add(draft[i], pos0 + 1 + (llama_pos) i, own);
+    }
+    return ok;
+}
+
+bool dflash2_server_add_draft_rows(dflash2_server_spec * spec, llama_seq_id seq_id, llama_token id_last,
+        const llama_tokens & draft, llama_pos pos0, const dflash2_server_add_row & add) {
+    return spec->add_draft_rows(seq_id, id_last, draft, pos0, add);
+}

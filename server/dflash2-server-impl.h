@@ -9,13 +9,21 @@
 #include <string>
 #include <vector>
 
+// the most nodes --spec-dflash2-tree takes per slot
+#define DFLASH2_SERVER_TREE_MAX_NODES 256
+
 // our command-line options (dflash2-server-args.cpp)
 struct dflash2_server_options {
     int32_t walk         = LLAMA_SPEC_DFLASH2_WALK_GREEDY;
     int32_t block_size   = 0;
     int32_t image_rows   = LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT;
+    int32_t tree_nodes   = 0;     // --spec-dflash2-tree: nodes per slot and step; 0 = chains
     bool    use_upstream = false;
     bool    init_failed  = false; // dflash2 was asked for and no engine could be created
+
+    // the start-up plan for trees (dflash2_server_tree_plan)
+    int32_t     tree_leaves  = 0; // path sequence ids per slot; 0 = chains
+    std::string tree_refusal;     // why the server must not start with --spec-dflash2-tree (empty: it may)
 };
 
 dflash2_server_options & dflash2_server_opts();
@@ -74,3 +82,104 @@ std::vector<llama_token> dflash2_server_verify_replay(common_sampler * smpl, lla
 // a draft state file, whole; read gives an empty blob when the file is missing
 bool                 dflash2_server_write_file(const std::string & path, const std::vector<uint8_t> & data);
 std::vector<uint8_t> dflash2_server_read_file(const std::string & path);
+
+// ---- trees (dflash2-server-tree.cpp) ----
+
+// start-up, before the target context exists: decides whether slots verify
+// trees (--spec-dflash2-tree on a unified KV cache and a target whose memory can
+// branch; one log line says why not), fills opts.tree_leaves / tree_refusal and
+// returns the n_seq_max the target context needs (n_parallel for chains). One
+// slot gets a unified cache (the same cells as a split one).
+int32_t dflash2_server_tree_plan(common_params & params);
+
+// Tree verification of the slots' drafts with the multi-sequence encoding of
+// dflash2.h (llama_spec_dflash2_draft_tree): slot k's path sequence ids are k,
+// then n_slots + k × (leaves - 1) + 0 .. leaves - 2; its park id n_slots × leaves + k.
+// After each verification every cell of the step is parked (tagged with the park
+// id, which no row attends to) so that no cell of it is freed while later cells
+// of any sequence exist: freed cells between kept ones would be reused out of
+// position order, and ggml's CPU attention, which accumulates in cell order,
+// could then round differently from target-only decoding. A slot's parked cells
+// go when the server cuts its history at or below them (a new prompt, a context
+// shift, a cleared slot); the server's own trim after a verification keeps them.
+// When the cache runs short of cells they all go (see has_room): the server must
+// not fail for them.
+struct dflash2_server_tree {
+    // a slot's tree from draft to accept, and its parked cells
+    struct slot_tree {
+        bool                                   active = false; // drafted, not yet accepted
+        std::vector<dflash2::tree_node>        nodes;
+        std::vector<std::vector<llama_seq_id>> ids;            // per node: the path ids of the leaves below it
+        int32_t                                n_leaves = 0;
+        llama_pos                              anchor   = -1;  // the anchor's position (n_past)
+        std::vector<int32_t>                   path;           // accepted nodes, set by verification
+        bool                                   verified = false;
+        std::vector<llama_pos>                 parked;         // positions of cells only the park id holds
+        bool                                   trim_next = false; // the server's trim after an accept is next
+        bool                                   chains_only = false; // the cache ran short: chains until the next cut
+    };
+
+    llama_context * ctx_tgt  = nullptr;
+    int32_t         n_slots  = 0;
+    int32_t         n_nodes  = 0; // per slot and step; 0 = trees off
+    int32_t         n_leaves = 0;
+    std::vector<slot_tree> slots;
+
+    // reduces n_nodes to what the context holds (one verify batch of every slot's
+    // tree), or turns trees off with one log line when the context cannot branch
+    void init(llama_context * ctx, int32_t n_slots, int32_t n_nodes, int32_t n_leaves);
+
+    bool on() const { return n_nodes > 0; }
+
+    // the ids of slot k
+    std::vector<llama_seq_id> pool(int32_t k) const;
+    llama_seq_id              park(int32_t k) const;
+    // the slot an id of the encoding belongs to
+    llama_seq_id              owner(llama_seq_id id) const;
+
+    // whether the KV cache has cells for one more slot's tree this step beyond
+    // `n_trees` others; when it does not, every slot's parked cells are freed and
+    // the slots draft chains until their history is next cut (logged)
+    bool has_room(llama_seq_id seq, int32_t n_trees);
+
+    // a drafted tree (empty: none) awaiting its verify rows
+    void set(llama_seq_id seq, std::vector<dflash2::tree_node> && nodes);
+    bool active(llama_seq_id seq) const { return seq >= 0 && (size_t) seq < slots.size() && slots[seq].active; }
+
+    // the verify rows of seq's tree: tags the path ids with the slot's cells, then
+    // adds the anchor and every node
+    bool add_rows(llama_seq_id seq, llama_token id_last, llama_pos pos0, const dflash2_server_add_row & add);
+
+    // after accept_tree: keeps the prefix, the anchor and the path in seq, parks
+    // the step's cells, frees the path ids; counts the step in `counters`
+    void commit(llama_seq_id seq, dflash2_server_slot_counters & counters);
+
+    // the slot's memory operations (after the target's own)
+    void on_seq_rm (llama_seq_id seq, llama_pos p0, llama_pos p1);
+    void on_seq_add(llama_seq_id seq, llama_pos p0, llama_pos p1, llama_pos delta);
+    // the next seq_rm of seq is the server's trim after a verification
+    void expect_trim(llama_seq_id seq);
+
+    // the rows of a decoded batch for process(): every row once per slot, with the
+    // slot's own id (the path ids of a tree row all belong to one slot)
+    void rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows) const;
+};
+
+// sample-and-match on a tree: from the anchor's row (idxs[0]) the slot's sampler
+// picks a token; while a child of the current node carries it, that child is
+// accepted and its row (idxs[node + 1]) sampled next. Returns the emitted tokens
+// (the accepted nodes' tokens, then the sampler's own), `path` the accepted nodes.
+std::vector<llama_token> dflash2_server_verify_tree(common_sampler * smpl, llama_context * ctx,
+        const std::vector<int> & idxs, const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post,
+        dflash2_server_verified & verified, std::vector<int32_t> & path);
+
+// lossless verification of a sampled tree (drafted at the slot's temperature):
+// at the anchor, then at each accepted node, the slot's sampler gives p at the
+// node's row and the library (llama_spec_dflash2_verify_tree_sampled_step)
+// accepts one of its children or draws the residual / bonus token. Returns the
+// emitted tokens, `path` the accepted nodes (past an end-of-generation token too:
+// the library's verification runs to its end)
+std::vector<llama_token> dflash2_server_verify_tree_sampled(dflash2::engine & engine, llama_seq_id seq_id,
+        common_sampler * smpl, llama_context * ctx, const std::vector<int> & idxs,
+        const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post, dflash2_server_verified & verified,
+        std::vector<int32_t> & path);

@@ -86,6 +86,9 @@ dflash2_server_spec * init_dflash2(common_params & params, llama_context * ctx_t
     if (params.speculative.has_synth()) {
         throw std::runtime_error("dflash2: synthetic acceptance is not supported; add --spec-dflash2-upstream");
     }
+    if (!opts.tree_refusal.empty()) {
+        throw std::runtime_error("dflash2: " + opts.tree_refusal);
+    }
     const std::string & path_draft = params.speculative.draft.mparams.path;
     std::vector<ggml_backend_dev_t> devices;
     dflash2_server_spec * spec = nullptr;
@@ -114,38 +117,50 @@ int32_t dflash2_server_output_n_max(const common_params & params) {
         const dflash2::checkpoint_info info = dflash2::checkpoint_check(params.speculative.draft.mparams.path);
         const int32_t block_size = dflash2_server_opts().block_size;
         const int32_t block = block_size > 0 ? std::min<int32_t>(block_size, info.block_size) : (int32_t) info.block_size;
-        return std::min(n_max, block - 1);
+        // a tree's rows (--spec-dflash2-tree) may outnumber the chain's
+        return std::max(std::min(n_max, block - 1), dflash2_server_opts().tree_nodes);
     } catch (const dflash2::error &) {
         return n_max; // init reports the error
     }
 }
 
 common_init_result_ptr dflash2_server_init_target(common_params & params) {
-    if (!dflash2_server_routes(params) || !params.fit_params) {
+    if (!dflash2_server_routes(params)) {
         return common_init_from_params(params);
     }
     const std::string path_draft = params.speculative.draft.mparams.path;
-    try {
-        std::vector<ggml_backend_dev_t> devices;
-        const size_t bytes = dflash2::estimate_memory(nullptr, path_draft, engine_params(params, devices),
-                target_n_ctx_seq(params, path_draft));
-        for (auto & margin : params.fit_params_target) {
-            margin += bytes;
+    if (params.fit_params) {
+        try {
+            std::vector<ggml_backend_dev_t> devices;
+            const size_t bytes = dflash2::estimate_memory(nullptr, path_draft, engine_params(params, devices),
+                    target_n_ctx_seq(params, path_draft));
+            for (auto & margin : params.fit_params_target) {
+                margin += bytes;
+            }
+            LOG_INF("%s: reserving %.1f MiB per device for the dflash2 drafter\n", __func__, bytes / (1024.0 * 1024.0));
+        } catch (const dflash2::error &) {
+            // nothing reserved: the engine's creation refuses this drafter with the reason
         }
-        LOG_INF("%s: reserving %.1f MiB per device for the dflash2 drafter\n", __func__, bytes / (1024.0 * 1024.0));
-    } catch (const dflash2::error &) {
-        // nothing reserved: the engine's creation refuses this drafter with the reason
     }
-    // hide the drafter from upstream's fit pass only
+    // trees need path sequence ids beyond the slots' own: llama.cpp sizes the
+    // context's n_seq_max from n_parallel, which is the slot count everywhere else
+    const int32_t n_parallel = params.n_parallel;
+    const int32_t n_seq_max  = dflash2_server_tree_plan(params);
+    // hide the drafter from upstream's fit pass
     params.speculative.draft.mparams.path.clear();
+    params.n_parallel = n_seq_max;
+    auto restore = [&]() {
+        params.speculative.draft.mparams.path = path_draft;
+        params.n_parallel = n_parallel;
+    };
     common_init_result_ptr res;
     try {
         res = common_init_from_params(params);
     } catch (...) {
-        params.speculative.draft.mparams.path = path_draft;
+        restore();
         throw;
     }
-    params.speculative.draft.mparams.path = path_draft;
+    restore();
     return res;
 }
 

@@ -47,8 +47,10 @@ std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq
     // the verification mode: greedy, rejection-sampling, or "sample-and-match: why"
     // (its reasons have no quotes or backslashes)
     return string_format("{\"engine\": \"%s\", \"verify\": \"%s\", \"n_drafted\": %lld, \"n_accepted\": %lld, "
-            "\"n_verify_steps\": %lld, \"accepted_at\": [%s]}", spec->name(), spec->verify_mode(seq_id).c_str(),
-            (long long) c.n_drafted, (long long) c.n_accepted, (long long) c.n_verify_steps, per_pos.c_str());
+            "\"n_verify_steps\": %lld, \"accepted_at\": [%s], \"tree\": {\"n_steps\": %lld, \"n_branched\": %lld, "
+            "\"n_side_accepted\": %lld}}", spec->name(), spec->verify_mode(seq_id).c_str(),
+            (long long) c.n_drafted, (long long) c.n_accepted, (long long) c.n_verify_steps, per_pos.c_str(),
+            (long long) c.n_tree_steps, (long long) c.n_tree_branched, (long long) c.n_tree_side_accepted);
 }
 
 std::string dflash2_server_metrics() {

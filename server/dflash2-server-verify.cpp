@@ -165,3 +165,110 @@ std::vector<llama_token> dflash2_server_verify_replay(common_sampler * smpl, lla
     }
     return result;
 }
+
+std::vector<llama_token> dflash2_server_verify_tree(common_sampler * smpl, llama_context * ctx,
+        const std::vector<int> & idxs, const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post,
+        dflash2_server_verified & verified, std::vector<int32_t> & path) {
+    GGML_ASSERT(idxs.size() == nodes.size() + 1 && "a tree verifies in one row per node and the anchor's");
+    verified.clear();
+    path.clear();
+
+    std::vector<llama_token> result;
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+
+    int32_t cur = -1; // the anchor
+    while (true) {
+        const int32_t row = idxs[cur + 1];
+        const llama_token id = common_sampler_sample(smpl, ctx, row);
+        verified.keep(row, *common_sampler_get_candidates(smpl, false), id, n_probs_post);
+        common_sampler_accept(smpl, id, true);
+        result.push_back(id);
+        // no drafted token after an end-of-generation token: the server stops there
+        if (llama_vocab_is_eog(vocab, id)) {
+            break;
+        }
+        int32_t next = -1;
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            if (nodes[i].parent == cur && nodes[i].token == id) {
+                next = (int32_t) i;
+                break;
+            }
+        }
+        if (next < 0) {
+            break;
+        }
+        path.push_back(next);
+        cur = next;
+    }
+    return result;
+}
+
+std::vector<llama_token> dflash2_server_verify_tree_sampled(dflash2::engine & engine, llama_seq_id seq_id,
+        common_sampler * smpl, llama_context * ctx, const std::vector<int> & idxs,
+        const std::vector<dflash2::tree_node> & nodes, size_t n_probs_post, dflash2_server_verified & verified,
+        std::vector<int32_t> & path) {
+    GGML_ASSERT(idxs.size() == nodes.size() + 1 && "a tree verifies in one row per node and the anchor's");
+    verified.clear();
+    path.clear();
+
+    std::vector<llama_token> result;
+    const llama_vocab * vocab = llama_model_get_vocab(llama_get_model(ctx));
+
+    const auto first_child = [&](int32_t node, llama_token token) {
+        for (size_t i = 0; i < nodes.size(); ++i) {
+            if (nodes[i].parent == node && (token == LLAMA_TOKEN_NULL || nodes[i].token == token)) {
+                return (int32_t) i;
+            }
+        }
+        return (int32_t) -1;
+    };
+
+    // as dflash2_server_verify_sampled: the library's verification runs to its end
+    // even after an end-of-generation token ended the output; it then sees the
+    // node's first child as p (kept: the child was drawn, its q is > 0), and the
+    // server trims the rows after the end
+    bool ended = false;
+    std::vector<llama_token_data> one_hot(1);
+
+    int32_t node = -1; // the anchor
+    while (true) {
+        llama_token_data_array p;
+        if (!ended) {
+            // one pass of the slot's sampler at the node's row (the grammar first, as for chains)
+            common_sampler_sample(smpl, ctx, idxs[node + 1], /*grammar_first*/ true);
+            p = *common_sampler_get_candidates(smpl, false);
+        } else {
+            const int32_t c = first_child(node, LLAMA_TOKEN_NULL);
+            one_hot[0] = { c >= 0 ? nodes[c].token : result.back(), 0.0f, 1.0f };
+            p          = { one_hot.data(), 1, 0, true };
+        }
+
+        llama_token token = LLAMA_TOKEN_NULL;
+        int32_t child = -1;
+        try {
+            child = engine.verify_tree_sampled_step(seq_id, node, p, token);
+        } catch (const dflash2::error & e) {
+            // cannot happen with a sampled tree awaiting its verification; the token
+            // the slot's chain drew is then what a plain step emits
+            LOG_ERR("%s\n", e.what());
+            if (ended) {
+                break;
+            }
+            token = p.data[p.selected].id;
+            child = first_child(node, token);
+        }
+
+        if (!ended) {
+            verified.keep(idxs[node + 1], p, token, n_probs_post);
+            common_sampler_accept(smpl, token, true);
+            result.push_back(token);
+            ended = llama_vocab_is_eog(vocab, token);
+        }
+        if (child < 0) {
+            break;
+        }
+        path.push_back(child);
+        node = child;
+    }
+    return result;
+}

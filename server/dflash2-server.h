@@ -14,6 +14,7 @@
 #include "speculative.h"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@
 //   --spec-dflash2-image-rows M   inject | skip: what the drafter does with image rows
 //   --spec-dflash2-walk W         greedy (as upstream) | adaptive (draft what pays for its verification)
 //   --spec-dflash2-upstream       serve draft-dflash with llama.cpp's own path (for comparison)
+//   --spec-dflash2-tree N         slots draft and verify trees of up to N nodes per step (greedy
+//                                 or sampled; 0 = chains); needs a unified KV cache (-kvu; one slot gets
+//                                 one) and a pure-attention target, otherwise chains
 // returns false with a message on stderr for a bad value
 bool dflash2_server_take_args(int & argc, char ** argv);
 
@@ -39,12 +43,21 @@ int32_t dflash2_server_output_n_max(const common_params & params);
 // context it cannot measure (a drafter sharing the target's head needs ctx_other)
 common_init_result_ptr dflash2_server_init_target(common_params & params);
 
+// adds one row of a slot's verify batch to the server's batch: token, position and
+// its sequence ids (empty: the slot's own id alone); false when the batch is full
+using dflash2_server_add_row = std::function<bool(llama_token, llama_pos, const std::vector<llama_seq_id> &)>;
+
 // draft counters of one slot over its lifetime, for /slots
 struct dflash2_server_slot_counters {
     int64_t n_drafted      = 0;
     int64_t n_accepted     = 0;
     int64_t n_verify_steps = 0;
     std::vector<int64_t> accepted_at; // by draft position
+
+    // tree verification (--spec-dflash2-tree)
+    int64_t n_tree_steps         = 0; // trees verified
+    int64_t n_tree_branched      = 0; // of them, trees with a node (or the anchor) of more than one child
+    int64_t n_tree_side_accepted = 0; // accepted paths through a node that is not its parent's first child
 };
 
 // The draft side of the server. Every hook below forwards to one of these.
@@ -77,6 +90,10 @@ struct dflash2_server_spec {
     virtual int32_t draft_probs_row(llama_seq_id seq_id, common_sampler * smpl, size_t i) = 0;
     // how the slot's drafts are verified, for /slots
     virtual std::string verify_mode(llama_seq_id seq_id) const = 0;
+
+    // see dflash2_server_add_draft_rows; a chain unless the spec drafted a tree
+    virtual bool add_draft_rows(llama_seq_id seq_id, llama_token id_last, const llama_tokens & draft, llama_pos pos0,
+            const dflash2_server_add_row & add);
 
     // the target's memory operations on a slot, mirrored into the drafter
     virtual void seq_rm (llama_seq_id seq_id, llama_pos p0, llama_pos p1) = 0;
@@ -187,6 +204,13 @@ bool   dflash2_server_state_load(llama_context * ctx_tgt, llama_seq_id seq_id, c
 // the target's file; a restore without it starts the draft of that sequence over
 void dflash2_server_slot_file_save(const dflash2_server_spec * spec, llama_seq_id seq_id, const std::string & path);
 void dflash2_server_slot_file_load(llama_context * ctx_tgt, llama_seq_id seq_id, const std::string & path);
+
+// replaces the server's rows of a slot's draft in its verify batch: the anchor
+// (id_last at pos0), then for a chain its tokens at pos0 + 1, 2, ..., for a tree
+// (--spec-dflash2-tree) its nodes at pos0 + depth, each with the path sequence
+// ids of the leaves below it; false when the batch is full
+bool dflash2_server_add_draft_rows(dflash2_server_spec * spec, llama_seq_id seq_id, llama_token id_last,
+        const llama_tokens & draft, llama_pos pos0, const dflash2_server_add_row & add);
 
 // draft statistics of a slot for /slots (JSON text)
 std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id);

@@ -23,6 +23,7 @@ SOURCES = [
     "dflash2-server-init.cpp",
     "dflash2-server-report.cpp",
     "dflash2-server-state.cpp",
+    "dflash2-server-tree.cpp",
     "dflash2-server-upstream.cpp",
     "dflash2-server-verify.cpp",
 ]
@@ -37,6 +38,31 @@ EDITS = [
     ("server-context.cpp",
      "params.n_batch, params.n_parallel, common_speculative_n_max(&params.speculative));",
      "params.n_batch, params.n_parallel, dflash2_server_output_n_max(params)); " + MARK),
+    # tree verification (--spec-dflash2-tree): a batch row may carry several sequence ids
+    ("server-context.cpp",
+     "        bool is_prompt; // for stats tracking\n",
+     "        bool is_prompt; // for stats tracking\n"
+     "        std::vector<llama_seq_id> seq_ids = {}; // when set, the row's sequence ids (id_slot's first or not) " + MARK + "\n"),
+    ("server-context.cpp",
+     "                view.add(t.token, t.pos, t.id_slot, t.output);\n",
+     "                if (!t.seq_ids.empty()) { view.add(t.token, t.pos, t.seq_ids, t.output); } else " + MARK + "\n"
+     "                view.add(t.token, t.pos, t.id_slot, t.output);\n"),
+    # a slot's draft rows: a chain as before, or a tree's anchor and nodes at their depths
+    ("server-context.cpp",
+     "            auto pos0 = prompt.tokens.pos_next();\n"
+     "\n"
+     "            add_ok &= batch.add(id, sampled, pos0++, true, false);\n"
+     "            for (auto token : spec_draft) {\n"
+     "                add_ok &= batch.add(this->id, token, pos0++, true, false);\n"
+     "            }\n",
+     "            add_ok &= dflash2_server_add_draft_rows(spec, id, sampled, spec_draft, prompt.tokens.pos_next(), " + MARK + "\n"
+     "                    [&](llama_token token, llama_pos pos, const std::vector<llama_seq_id> & seq_ids) {\n"
+     "                        const bool ok = batch.add(id, token, pos, true, false);\n"
+     "                        if (ok) {\n"
+     "                            batch.tokens.back().seq_ids = seq_ids;\n"
+     "                        }\n"
+     "                        return ok;\n"
+     "                    });\n"),
     # slot memory mirrors every operation into the dflash2 engine
     ("server-context.cpp",
      "    common_memory mem;\n",

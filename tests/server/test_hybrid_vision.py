@@ -148,6 +148,26 @@ def test_hybrid_cancelled_request_leaves_the_server_answering_identically(ref, s
     assert_drafting(spec)
 
 
+@on_target(HYBRID, ("reference", ["-np", "1", "-c", "2048"]),
+           ("tree", ["-np", "1", "-c", "2048", "--spec-dflash2-tree", "8"] + [DRAFT]),
+           ("tree-kvu", ["-np", "2", "-kvu", "-c", "4096", "--spec-dflash2-tree", "8"] + [DRAFT]))
+def test_hybrid_with_trees_asked_for_drafts_chains_and_answers_identically(ref, tree, tree_kvu):
+    # a recurrent state is one per sequence: the tree's paths cannot share it (the
+    # vision fixture's target is a qwen35 hybrid too: the same fallback)
+    for p in PROMPTS[:2]:
+        want = ref.chat(p, n_predict=24)
+        assert tree.chat(p, n_predict=24) == want, p
+        assert tree_kvu.chat(p, n_predict=24) == want, p
+    for server, n_slots in ((tree, 1), (tree_kvu, 2)):
+        log = server.log_text()
+        assert log.count("recurrent or hybrid and cannot branch: the slots draft chains") == 1, log[-2000:]
+        assert "tree verification: up to" not in log
+        assert_drafting(server)
+        total, slots = ts.tree_counters(server, n_slots)
+        assert total["n_drafted"] > 0 and total["n_steps"] == 0, slots
+        assert slots[0]["draft"]["verify"] == "greedy", slots[0]
+
+
 # ---------------------------------------------------------------- multimodal
 
 VISION = "vision-target.gguf"
@@ -250,6 +270,7 @@ TESTS = [
     test_hybrid_prompt_checkpoints_restore_identically,
     test_hybrid_slot_save_and_restore_keep_answers_identical,
     test_hybrid_cancelled_request_leaves_the_server_answering_identically,
+    test_hybrid_with_trees_asked_for_drafts_chains_and_answers_identically,
     test_an_image_request_is_answered_identically,
     test_an_image_request_with_image_rows_skipped_is_answered_identically,
     test_image_requests_in_a_row_are_answered_identically,

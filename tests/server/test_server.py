@@ -399,6 +399,222 @@ def test_drafted_tokens_carry_the_probabilities_of_a_plain_step():
         print(f"  note: {accepted[0]} drafted tokens accepted; pass --trained-draft to make sure some are checked")
 
 
+# ---------------------------------------------------------------- trees
+
+TREE = ["--spec-dflash2-tree", "8"]
+
+
+def tree_drafter():
+    # the trained drafter when there is one: its lattices hold paths the target takes
+    return ["-md", ARGS.trained_draft or ARGS.draft, "--spec-type", "draft-dflash"]
+
+
+def tree_counters(server, n_slots):
+    slots = server.request("GET", "/slots")[:n_slots]
+    total = {"n_drafted": 0, "n_accepted": 0, "n_verify_steps": 0, "n_steps": 0, "n_branched": 0, "n_side_accepted": 0}
+    for slot in slots:
+        d = slot["draft"]
+        for k in ("n_drafted", "n_accepted", "n_verify_steps"):
+            total[k] += d[k]
+        for k in ("n_steps", "n_branched", "n_side_accepted"):
+            total[k] += d["tree"][k]
+    return total, slots
+
+
+def assert_trees_verified(server, n_slots):
+    assert_drafting(server)
+    total, slots = tree_counters(server, n_slots)
+    assert total["n_steps"] > 0, f"no tree verified: {slots}"
+    # a tree with more than one child somewhere went through the target
+    assert total["n_branched"] > 0, f"every tree was a chain: {slots}"
+    if ARGS.trained_draft:
+        # and the target took a path the chain would have cut: branches pay
+        assert total["n_side_accepted"] > 0, f"no path off the chain accepted: {slots}"
+    assert "tree verification: up to 8 nodes" in server.log_text()
+    assert re.search(r"trees verified [1-9]", server.log_text()), "no tree summary in the log"
+    print(f"  trees: {total}")
+    return total
+
+
+# tree tests are kept short (2 cores in CI): few prompts, few tokens
+TREE_N = 24
+
+
+def test_trees_answer_equal_the_no_drafter_server():
+    # one slot: the tree server takes a unified KV cache (for the path sequence
+    # ids), which for a single slot holds the same cells in the same order as the
+    # reference's split one
+    @with_servers(("reference", ["-np", "1", "-c", "2048"]),
+                  ("tree", ["-np", "1", "-c", "2048"] + TREE + tree_drafter()))
+    def run(ref, tree):
+        n_tokens = 0
+        for p in PROMPTS[:3]:
+            want = ref.chat(p, n_predict=TREE_N)
+            got = tree.chat(p, n_predict=TREE_N)
+            assert got == want, f"prompt {p!r}:\n  tree:      {got!r}\n  reference: {want!r}"
+            n_tokens += len(ref.request("POST", "/tokenize", {"content": want})["tokens"])
+        totals = assert_trees_verified(tree, 1)
+        print(f"  {n_tokens} tokens compared; {totals['n_accepted'] / max(totals['n_steps'], 1):.2f} accepted per tree")
+        draft = tree.request("GET", "/slots")[0]["draft"]
+        assert draft["verify"] == "greedy-tree", draft
+        assert totals["n_accepted"] > 0
+        log = tree.log_text()
+        assert "one slot, unified KV cache" in log
+        # a sampled request drafts sampled trees, verified by rejection sampling over
+        # each node's children: every emitted token is one of its position's
+        # candidates (top-k 8, all of p), and a fixed seed answers the same again
+        steps = tree_counters(tree, 1)[0]["n_steps"]
+        answers = []
+        for _ in range(2):
+            res, probs = completion_probs(tree, PROMPTS[0], n_predict=12, n_probs=8, post_sampling_probs=True,
+                                          **SAMPLED)
+            assert len(probs) == res["tokens_predicted"] > 0, (len(probs), res["tokens_predicted"])
+            for tok in probs:
+                cands = {c["id"]: c["prob"] for c in tok["top_probs"]}
+                assert cands.get(tok["id"], 0.0) > 0.0, f"emitted token {tok['id']} outside its p: {tok}"
+            answers.append(res["content"])
+        assert answers[0] == answers[1], answers
+        draft = tree.request("GET", "/slots")[0]["draft"]
+        assert draft["verify"] == "rejection-sampling-tree", draft
+        assert draft["tree"]["n_steps"] > steps, draft
+        # a sampler that needs sample-and-match (mirostat) drafts chains, said once for the request
+        assert log.count("drafts chains for this request") == 0
+        tree.complete(PROMPTS[0], n_predict=6, mirostat=2, **SAMPLED)
+        assert tree.log_text().count("drafts chains for this request") == 1, "one line per such request"
+        assert tree.request("GET", "/slots")[0]["draft"]["verify"].startswith("sample-and-match: mirostat")
+        # and a greedy request after it verifies trees again, losslessly
+        steps = tree_counters(tree, 1)[0]["n_steps"]
+        assert tree.chat(PROMPTS[3], n_predict=12) == ref.chat(PROMPTS[3], n_predict=12)
+        assert tree_counters(tree, 1)[0]["n_steps"] > steps
+
+    run()
+
+
+def generate_tokens(server, prompt_tokens, n):
+    body = {"prompt": prompt_tokens, "n_predict": n, "temperature": 0, "ignore_eos": True, "return_tokens": True}
+    return server.request("POST", "/completion", body)["tokens"]
+
+
+# a near-tie the reference itself resolves either way with the batch's shape (nats)
+NEAR_TIE = 0.1
+
+
+def assert_greedy_under(ref, prompt_tokens, got):
+    """Every token of `got` is the reference's greedy pick after the prompt and the
+    tokens before it, or a near-tie with that pick; returns the near-ties."""
+    ties, i = [], 0
+    while i < len(got):
+        want = generate_tokens(ref, prompt_tokens + got[:i], len(got) - i)
+        j = next((k for k, (w, g) in enumerate(zip(want, got[i:])) if w != g), None)
+        if j is None:
+            assert len(want) == len(got) - i, (len(want), len(got) - i)
+            return ties
+        i += j
+        body = {"prompt": prompt_tokens + got[:i], "n_predict": 1, "temperature": 0, "n_probs": 10, "ignore_eos": True}
+        top = ref.request("POST", "/completion", body)["completion_probabilities"][0]["top_logprobs"]
+        mine = next((c["logprob"] for c in top if c["id"] == got[i]), None)
+        assert mine is not None and top[0]["logprob"] - mine < NEAR_TIE, (
+            f"token {i} ({got[i]}) is not the target's greedy pick there: {top[:3]}")
+        ties.append((i, round(top[0]["logprob"] - mine, 5)))
+        i += 1
+    return ties
+
+
+def test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_server():
+    # Trees need a unified KV cache (-kvu), which at -np > 1 rounds differently
+    # from split ones: the reference is a -np 4 -kvu server without a drafter.
+    # One request at a time, the tree server's answers equal its answers exactly.
+    # Concurrent requests are not bit-reproducible with -kvu even without a
+    # drafter (measured: 2 to 3 of 4 prompts answered differently together than
+    # one at a time): which rows share a ubatch changes ggml's CPU kernels and a
+    # near-tie argmax flips. So every token the tree server emits for 4 concurrent
+    # requests is checked against the reference by teacher forcing: its greedy pick
+    # after the same tokens, or a near-tie with it (a wrong path accepted fails this)
+    n = TREE_N
+    unified = ["-np", "4", "-kvu", "-c", "4096"]
+
+    @with_servers(("reference", unified), ("tree", unified + TREE + tree_drafter()))
+    def run(ref, tree):
+        prompts = [ref.request("POST", "/tokenize", {"content": p, "add_special": True})["tokens"] for p in PROMPTS]
+        for p in prompts[:2]:
+            want = generate_tokens(ref, p, n)
+            got = generate_tokens(tree, p, n)
+            assert got == want, f"one at a time:\n  tree:      {got}\n  reference: {want}"
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(lambda p: generate_tokens(tree, p, n), prompts))
+        ties = []
+        for p, g in zip(prompts, got):
+            assert len(g) == n, len(g)
+            ties.append(assert_greedy_under(ref, p, g))
+        print(f"  {2 * n} tokens compared one at a time, {4 * n} concurrent; near-ties taken the other way "
+              f"(token, gap in nats) per prompt: {ties}")
+        assert tree.metrics()["spec_decode_num_drafts_total"] >= 4
+        assert_trees_verified(tree, 4)
+        assert "n_seq_max 36" in tree.log_text(), "4 slots x (8 leaves + 1) sequence ids"
+
+    run()
+
+
+def test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy():
+    # every tree step holds 1 + 16 cells until the slot's history is cut (parked,
+    # so that cells stay in position order): a generation in the smallest cache
+    # (llama.cpp pads to 256) runs short after about 11 steps, the parked cells are
+    # freed and the slot goes on with chains; freed cells are then reused out of
+    # position order, so the answer is checked token by token against the target
+    # (see assert_greedy_under)
+    @with_servers(("reference", ["-np", "1", "-c", "256"]),
+                  ("tree", ["-np", "1", "-c", "256", "--spec-dflash2-tree", "16"] + tree_drafter()))
+    def run(ref, tree):
+        prompt = ref.request("POST", "/tokenize", {"content": "Count from one to fifty in words, separated by commas:",
+                                                   "add_special": True})["tokens"]
+        ties = []
+        for _ in range(2):  # the second time from the cached prompt: trees again
+            got = generate_tokens(tree, prompt, 40)
+            assert len(got) == 40, len(got)
+            ties.append(assert_greedy_under(ref, prompt, got))
+        print(f"  near-ties taken the other way (token, gap in nats) per request: {ties}")
+        log = tree.log_text()
+        assert log.count("short of cells for trees") == 2, "the cache did not run short once per request"
+        total, slots = tree_counters(tree, 1)
+        assert total["n_steps"] > 0 and total["n_verify_steps"] > total["n_steps"], slots
+        print(f"  trees: {total}")
+
+    run()
+
+
+def test_trees_fall_back_to_chains_or_refuse_with_a_reason():
+    # a split cache cannot branch: chains, said once; a batch too small for the
+    # trees shrinks them; more slots than llama.cpp's sequence ids allow for
+    # trees stops the server with the reason instead of aborting
+    @with_servers(("reference", ["-np", "1", "-c", "2048"]),
+                  ("split", ["-np", "2", "-c", "4096"] + TREE + tree_drafter()),
+                  ("small-batch", ["-np", "1", "-c", "2048", "-b", "8", "-ub", "8", "--spec-draft-n-max", "7"]
+                   + TREE + tree_drafter()))
+    def run(ref, split, small):
+        for p in PROMPTS[:2]:
+            want = ref.chat(p, n_predict=TREE_N)
+            assert split.chat(p, n_predict=TREE_N) == want, p
+            assert small.chat(p, n_predict=TREE_N) == want, p
+        log = split.log_text()
+        assert log.count("the KV cache is not unified (add -kvu): the slots draft chains") == 1, log[-2000:]
+        assert split.request("GET", "/slots")[0]["draft"]["verify"] == "greedy"
+        assert tree_counters(split, 2)[0]["n_steps"] == 0
+        assert tree_counters(split, 2)[0]["n_drafted"] > 0
+        assert "holds 1 slots x (1 + 7) rows: trees of 7 nodes" in small.log_text()
+        assert tree_counters(small, 1)[0]["n_steps"] > 0
+
+    run()
+    s = Server("refuse-tree-slots", ["-np", "100", "-kvu", "-c", "4096"] + TREE + tree_drafter())
+    try:
+        code = s.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        raise AssertionError("the server started with more slots than trees have sequence ids for")
+    s.log.close()
+    assert code > 0, f"exit code {code} (a signal is a crash):\n{s.log_tail()}"
+    assert "at most -np 85 with trees" in s.log_text(), s.log_tail()
+
+
 TESTS = [
     test_refuses_drafters_it_cannot_serve,
     test_answers_equal_the_no_drafter_server,
@@ -413,6 +629,10 @@ TESTS = [
     test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling,
     test_a_sampler_without_its_distribution_falls_back_to_sample_and_match,
     test_drafted_tokens_carry_the_probabilities_of_a_plain_step,
+    test_trees_answer_equal_the_no_drafter_server,
+    test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_server,
+    test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy,
+    test_trees_fall_back_to_chains_or_refuse_with_a_reason,
 ]
 
 

@@ -1,0 +1,385 @@
+// Tree verification in llama-server: the start-up plan (which targets and caches
+// can branch, the sequence-id budget), and per slot the verify rows of a tree,
+// the commit of the accepted path to the target's KV cache and the parked cells
+// (see dflash2_server_tree in dflash2-server-impl.h).
+#include "dflash2-server-impl.h"
+
+#include "log.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace {
+
+// llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h, not in its public header):
+// a context refuses a larger n_seq_max
+constexpr int32_t MAX_SEQ = 256;
+
+// the probe below loads the target's vocabulary only; its loader lines are noise
+void log_errors_only(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    if (level == GGML_LOG_LEVEL_ERROR) {
+        LOG_ERR("%s", text);
+    }
+}
+
+// whether the target's memory can hold several paths in one cache (pure
+// attention); recurrent and hybrid targets keep one state per sequence. Read
+// before the target context exists, since its n_seq_max depends on it.
+bool target_can_branch(const std::string & path) {
+    ggml_log_callback cb = nullptr;
+    void * ud = nullptr;
+    llama_log_get(&cb, &ud);
+    llama_log_set(log_errors_only, nullptr);
+    llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    llama_model * model = llama_model_load_from_file(path.c_str(), mp);
+    llama_log_set(cb, ud);
+    if (!model) {
+        return true; // the real load reports it; the spec checks the loaded model again
+    }
+    const bool branching = !llama_model_is_recurrent(model) && !llama_model_is_hybrid(model);
+    llama_model_free(model);
+    return branching;
+}
+
+const char * RECURRENT = "the target's memory is recurrent or hybrid and cannot branch";
+const char * SPLIT     = "the KV cache is not unified (add -kvu)";
+
+} // namespace
+
+int32_t dflash2_server_tree_plan(common_params & params) {
+    dflash2_server_options & opts = dflash2_server_opts();
+    opts.tree_leaves = 0;
+    opts.tree_refusal.clear();
+    const int32_t n_slots = params.n_parallel;
+    const int32_t n_nodes = opts.tree_nodes;
+    if (n_nodes <= 0 || n_slots <= 0) {
+        return n_slots;
+    }
+    const char * why = nullptr;
+    if (!params.kv_unified && n_slots > 1) {
+        why = SPLIT;
+    } else if (!target_can_branch(params.model.path)) {
+        why = RECURRENT;
+    } else if (!params.kv_unified) {
+        // one slot: a unified cache holds the same cells in the same order
+        params.kv_unified = true;
+        LOG_INF("dflash2: --spec-dflash2-tree %d: one slot, unified KV cache for its path sequence ids\n", n_nodes);
+    }
+    if (why) {
+        LOG_WRN("dflash2: --spec-dflash2-tree %d: %s: the slots draft chains\n", n_nodes, why);
+        return n_slots;
+    }
+    // slot k needs its own id, leaves - 1 path ids and a park id: n_slots x (leaves
+    // + 1) sequence ids, within llama.cpp's limit and the context's outputs (a
+    // context reserves one output per sequence id: at most n_batch of them)
+    const int32_t n_batch   = params.n_ctx > 0 ? std::min(params.n_batch, params.n_ctx) : params.n_batch;
+    const int32_t by_seq    = MAX_SEQ / n_slots - 1;
+    const int32_t by_batch  = n_batch / n_slots - 1;
+    const int32_t n_leaves  = std::min({ n_nodes, by_seq, by_batch });
+    if (n_leaves < std::min(n_nodes, 2)) {
+        opts.tree_refusal = by_seq <= by_batch
+            ? string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids do not fit llama.cpp's %d "
+                    "for trees of 2 leaves or more (at most -np %d with trees)", n_nodes, n_slots, MAX_SEQ, MAX_SEQ / 3)
+            : string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids need as many outputs, more "
+                    "than the batch holds (-b %d) for trees of 2 leaves or more (at least -b %d)", n_nodes, n_slots,
+                    n_batch, 3 * n_slots);
+        return n_slots;
+    }
+    opts.tree_leaves = n_leaves;
+    if (n_leaves < n_nodes) {
+        LOG_INF("dflash2: --spec-dflash2-tree %d: at most %d leaves per slot (%d slots x (leaves + 1) sequence ids "
+                "within llama.cpp's %d and the batch's %d outputs)\n", n_nodes, n_leaves, n_slots, MAX_SEQ, n_batch);
+    }
+    return n_slots * (n_leaves + 1);
+}
+
+void dflash2_server_tree::init(llama_context * ctx, int32_t n_slots_, int32_t n_nodes_, int32_t n_leaves_) {
+    ctx_tgt  = ctx;
+    n_slots  = n_slots_;
+    n_nodes  = 0;
+    n_leaves = 0;
+    slots.assign(n_slots_, {});
+    if (n_nodes_ <= 0 || n_leaves_ <= 0) {
+        return;
+    }
+    // the plan decided before the context existed; the context has the last word
+    const llama_model * model = llama_get_model(ctx);
+    const char * why = nullptr;
+    if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
+        why = RECURRENT;
+    } else if (llama_n_seq_max(ctx) > 1 && llama_n_ctx_seq(ctx) < llama_n_ctx(ctx)) {
+        why = SPLIT;
+    } else if ((int32_t) llama_n_seq_max(ctx) < n_slots_ * (n_leaves_ + 1)) {
+        why = "the target context has too few sequence ids";
+    }
+    if (why) {
+        LOG_WRN("dflash2: --spec-dflash2-tree %d: %s: the slots draft chains\n", n_nodes_, why);
+        return;
+    }
+    // every slot's tree in one verify batch (the server verifies within one sub-batch)
+    const int32_t fit = (int32_t) llama_n_batch(ctx) / n_slots_ - 1;
+    int32_t nodes = n_nodes_;
+    if (fit < nodes) {
+        LOG_WRN("dflash2: --spec-dflash2-tree %d: the batch (-b %u) holds %d slots x (1 + %d) rows: trees of %d nodes\n",
+                n_nodes_, llama_n_batch(ctx), n_slots_, std::max(fit, 0), std::max(fit, 0));
+        nodes = fit;
+    }
+    if (nodes < 1) {
+        LOG_WRN("dflash2: --spec-dflash2-tree %d: no tree fits the batch: the slots draft chains\n", n_nodes_);
+        return;
+    }
+    n_nodes  = nodes;
+    n_leaves = std::min(n_leaves_, nodes);
+    LOG_INF("dflash2: tree verification: up to %d nodes and %d leaves per slot and step, %d slots, n_seq_max %u, "
+            "unified KV cache\n", n_nodes, n_leaves, n_slots, llama_n_seq_max(ctx));
+}
+
+std::vector<llama_seq_id> dflash2_server_tree::pool(int32_t k) const {
+    std::vector<llama_seq_id> ids = { k };
+    for (int32_t l = 1; l < n_leaves; ++l) {
+        ids.push_back(n_slots + k * (n_leaves - 1) + (l - 1));
+    }
+    return ids;
+}
+
+llama_seq_id dflash2_server_tree::park(int32_t k) const {
+    return n_slots * n_leaves + k;
+}
+
+llama_seq_id dflash2_server_tree::owner(llama_seq_id id) const {
+    if (id < n_slots || n_leaves <= 0) {
+        return id;
+    }
+    if (n_leaves > 1 && id < n_slots + n_slots * (n_leaves - 1)) {
+        return (id - n_slots) / (n_leaves - 1);
+    }
+    return id - n_slots * n_leaves;
+}
+
+bool dflash2_server_tree::has_room(llama_seq_id seq, int32_t n_trees) {
+    if (slots.at(seq).chains_only) {
+        return false;
+    }
+    // cells in use, as far as the public API tells: each slot's span (shared
+    // prompt cells counted for every slot holding them) and the parked ones
+    llama_memory_t mem = llama_get_memory(ctx_tgt);
+    int64_t used     = 0;
+    size_t  n_parked = 0;
+    for (int32_t k = 0; k < n_slots; ++k) {
+        const llama_pos p0 = llama_memory_seq_pos_min(mem, k);
+        const llama_pos p1 = llama_memory_seq_pos_max(mem, k);
+        if (p0 >= 0 && p1 >= p0) {
+            used += p1 - p0 + 1;
+        }
+        n_parked += slots[k].parked.size();
+    }
+    used += (int64_t) n_parked;
+    // this step's trees, and a tree's rows for every slot besides
+    const int64_t need  = (int64_t) (n_trees + 1 + n_slots) * (1 + n_nodes);
+    const int64_t n_ctx = llama_n_ctx(ctx_tgt);
+    if (used + need <= n_ctx) {
+        return true;
+    }
+    // short: the parked cells go (the server must not run out of cells for them),
+    // and the slots draft chains until their history is next cut (a new request)
+    for (int32_t k = 0; k < n_slots; ++k) {
+        llama_memory_seq_rm(mem, park(k), -1, -1);
+        slots[k].parked.clear();
+        slots[k].chains_only = true;
+    }
+    LOG_WRN("dflash2: the KV cache is short of cells for trees (about %lld of %lld in use, %zu of them parked): the "
+            "parked cells are freed and the slots draft chains until their next request; freed cells are reused out of "
+            "position order, so outputs may differ from target-only decoding in the last bits\n", (long long) used,
+            (long long) n_ctx, n_parked);
+    return false;
+}
+
+void dflash2_server_tree::set(llama_seq_id seq, std::vector<dflash2::tree_node> && nodes) {
+    slot_tree & st = slots.at(seq);
+    st.nodes    = std::move(nodes);
+    st.active   = !st.nodes.empty();
+    st.verified = false;
+    st.path.clear();
+    st.ids.assign(st.nodes.size(), {});
+    st.n_leaves = 0;
+    // leaf l (a node without children, in tree order) owns pool[l]; every node
+    // carries the ids of the leaves below it, the first leaf's first (a row's
+    // attention follows its first id: the prefix, the anchor, its ancestors)
+    std::vector<bool> has_child(st.nodes.size(), false);
+    for (const auto & n : st.nodes) {
+        if (n.parent >= 0) {
+            has_child[n.parent] = true;
+        }
+    }
+    const std::vector<llama_seq_id> ids = pool(seq);
+    for (size_t leaf = 0; leaf < st.nodes.size(); ++leaf) {
+        if (has_child[leaf]) {
+            continue;
+        }
+        // the library grows at most max_leaves leaves
+        const llama_seq_id id = ids.at(st.n_leaves++);
+        for (int32_t i = (int32_t) leaf; i >= 0; i = st.nodes[i].parent) {
+            st.ids[i].push_back(id);
+        }
+    }
+}
+
+bool dflash2_server_tree::add_rows(llama_seq_id seq, llama_token id_last, llama_pos pos0,
+        const dflash2_server_add_row & add) {
+    slot_tree & st = slots.at(seq);
+    st.anchor = pos0;
+    // every path id gets the slot's cells (a tag in a unified cache, not a copy)
+    llama_memory_t mem = llama_get_memory(ctx_tgt);
+    const std::vector<llama_seq_id> ids = pool(seq);
+    std::vector<llama_seq_id> anchor_ids = { seq };
+    for (int32_t l = 1; l < st.n_leaves; ++l) {
+        llama_memory_seq_cp(mem, seq, ids[l], -1, -1);
+        anchor_ids.push_back(ids[l]);
+    }
+    bool ok = add(id_last, pos0, anchor_ids);
+    for (size_t i = 0; i < st.nodes.size() && ok; ++i) {
+        ok = add(st.nodes[i].token, pos0 + st.nodes[i].depth, st.ids[i]);
+    }
+    return ok;
+}
+
+void dflash2_server_tree::commit(llama_seq_id seq, dflash2_server_slot_counters & counters) {
+    slot_tree & st = slots.at(seq);
+    llama_memory_t mem = llama_get_memory(ctx_tgt);
+    const std::vector<llama_seq_id> ids = pool(seq);
+    const llama_seq_id parked = park(seq);
+    const int32_t d = (int32_t) st.path.size();
+    const llama_pos n_past = st.anchor;
+
+    // park every cell of this step, then keep the prefix, the anchor and the path in seq
+    for (int32_t l = 0; l < std::max(st.n_leaves, 1); ++l) {
+        llama_memory_seq_cp(mem, ids[l], parked, n_past, -1);
+    }
+    const llama_pos start = n_past + 1;
+    const llama_pos end   = start + d;
+    const llama_seq_id keep = d > 0 ? st.ids[st.path.back()][0] : seq;
+    if (d > 0 && keep == seq) {
+        llama_memory_seq_rm(mem, seq, end, -1);
+    } else {
+        llama_memory_seq_rm(mem, seq, start, -1);
+        if (d > 0) {
+            llama_memory_seq_cp(mem, keep, seq, start, end);
+        }
+    }
+    for (int32_t l = 1; l < st.n_leaves; ++l) {
+        llama_memory_seq_rm(mem, ids[l], -1, -1);
+    }
+
+    // the cells only the park id holds now: every node off the path
+    std::vector<bool> on_path(st.nodes.size(), false);
+    for (int32_t i : st.path) {
+        on_path[i] = true;
+    }
+    std::vector<int32_t> n_children(st.nodes.size() + 1, 0); // [0]: the anchor's
+    bool side = false;
+    for (size_t i = 0; i < st.nodes.size(); ++i) {
+        if (!on_path[i]) {
+            st.parked.push_back(n_past + st.nodes[i].depth);
+        }
+        n_children[st.nodes[i].parent + 1] += 1;
+    }
+    // a path node that is not its parent's first child: a token the chain (the
+    // first children) would not have drafted
+    for (int32_t i : st.path) {
+        const int32_t parent = st.nodes[i].parent;
+        for (int32_t j = 0; j < i; ++j) {
+            if (st.nodes[j].parent == parent) {
+                side = true;
+                break;
+            }
+        }
+    }
+    counters.n_tree_steps += 1;
+    counters.n_tree_branched += *std::max_element(n_children.begin(), n_children.end()) > 1;
+    counters.n_tree_side_accepted += side;
+
+    st.active = false;
+    st.verified = false;
+    st.nodes.clear();
+    st.ids.clear();
+    st.path.clear();
+}
+
+void dflash2_server_tree::expect_trim(llama_seq_id seq) {
+    if (seq >= 0 && (size_t) seq < slots.size()) {
+        slots[seq].trim_next = true;
+    }
+}
+
+void dflash2_server_tree::on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) {
+    if (!on()) {
+        return;
+    }
+    llama_memory_t mem = llama_get_memory(ctx_tgt);
+    for (int32_t k = 0; k < n_slots; ++k) {
+        if (seq >= 0 && k != seq) {
+            continue;
+        }
+        slot_tree & st = slots[k];
+        if (st.trim_next && p1 < 0 && seq == k) {
+            // the server's trim after a verification: the parked cells stay
+            st.trim_next = false;
+            continue;
+        }
+        // a tree whose rows are cut goes with them (the engine drops it too)
+        if (st.active && (p0 < 0 || p0 <= st.anchor)) {
+            const std::vector<llama_seq_id> ids = pool(k);
+            for (int32_t l = 1; l < st.n_leaves; ++l) {
+                llama_memory_seq_rm(mem, ids[l], -1, -1);
+            }
+            st.active = false;
+            st.nodes.clear();
+            st.ids.clear();
+            st.path.clear();
+        }
+        // the history is cut: so are the parked cells at those positions
+        llama_memory_seq_rm(mem, park(k), p0, p1);
+        const llama_pos lo = p0 < 0 ? 0 : p0;
+        const llama_pos hi = p1 < 0 ? std::numeric_limits<llama_pos>::max() : p1;
+        st.parked.erase(std::remove_if(st.parked.begin(), st.parked.end(),
+                [&](llama_pos p) { return p >= lo && p < hi; }), st.parked.end());
+        st.chains_only = false; // a new request may draft trees again
+    }
+}
+
+void dflash2_server_tree::on_seq_add(llama_seq_id seq, llama_pos p0, llama_pos p1, llama_pos delta) {
+    if (!on() || seq < 0 || seq >= n_slots) {
+        return;
+    }
+    llama_memory_seq_add(llama_get_memory(ctx_tgt), park(seq), p0, p1, delta);
+    const llama_pos lo = p0 < 0 ? 0 : p0;
+    const llama_pos hi = p1 < 0 ? std::numeric_limits<llama_pos>::max() : p1;
+    for (llama_pos & p : slots[seq].parked) {
+        if (p >= lo && p < hi) {
+            p += delta;
+        }
+    }
+}
+
+void dflash2_server_tree::rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows) const {
+    rows.clear();
+    std::vector<llama_seq_id> seen;
+    for (int32_t i = 0; i < batch.size(); ++i) {
+        const auto & t    = batch.tokens[i];
+        const bool   embd = t.id == LLAMA_TOKEN_NULL;
+        seen.clear();
+        auto push = [&](llama_seq_id id) {
+            const llama_seq_id k = owner(id);
+            if (std::find(seen.begin(), seen.end(), k) == seen.end()) {
+                seen.push_back(k);
+                rows.push_back({ i, k, t.pos[0], embd });
+            }
+        };
+        push(t.seq_id);
+        for (llama_seq_id extra : t.seq_ids_extra) {
+            push(extra);
+        }
+    }
+}
