@@ -391,12 +391,9 @@ void write_svg(const std::string & path, const std::vector<mode_result> & result
     out << "</svg>\n";
 }
 
-// --lockstep A,B: the two chain modes generate step for step (host_generate_lockstep),
+// --lockstep A,B: the two chain modes generate in rounds of 16 steps (host_generate_lockstep),
 // each rep on fresh contexts; prints each rep's tokens/s of both and B/A, in wall and
-// CPU time, then the medians. The machine's load falls on both alike. Caveat: an
-// engine's controller times its steps from one draft call to the next, so B's steps
-// as it sees them also hold A's (its rate looks lower, drafts cheaper in tokens): the
-// adaptive walk drafts more here than alone, which can only lower its B/A.
+// CPU time, then the medians. The machine's load falls on both alike.
 int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
         const std::string & spec, int reps) {
     const std::vector<std::string> ab = split(spec);
@@ -410,7 +407,7 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
         }
     }
     host_target tgt_b(tgt, 0); // a second context on the same model (the weights are read from one place)
-    printf("lockstep %s (A) vs %s (B), step for step, %d repetitions\n", ab[0].c_str(), ab[1].c_str(), reps);
+    printf("lockstep %s (A) vs %s (B), rounds of 16 steps, %d repetitions\n", ab[0].c_str(), ab[1].c_str(), reps);
     for (int32_t np : args.np_list) {
         std::vector<double> wall, cpu;
         for (int rep = 0; rep < reps; ++rep) {
@@ -544,7 +541,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
                 " dflash2-tree, dflash2-auto;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
-                "  --lockstep A,B    two chain modes step for step instead (an A/B under the same load)\n"
+                "  --lockstep A,B    two chain modes in turns of 16 steps instead (an A/B under the same load)\n"
                 "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
                 e.what(), host_args_usage());
         return 2;

@@ -183,15 +183,20 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
         std::vector<host_stream> streams_b = host_wave(tgt_b, prompts, first, n_seq);
         chain_wave wave_a(tgt_a, drafter_a, streams_a, a.stats);
         chain_wave wave_b(tgt_b, drafter_b, streams_b, b.stats);
-        bool more_a = true, more_b = true;
+        // stride steps of one, then of the other, the order flipping every round. Not
+        // one step each: an engine's controller times its steps from one draft call to
+        // the next, and would count the other host's step in each of its own (it then
+        // drafts where drafting does not pay); a round of the other host is one step
+        // it does not measure (a stall), under nearly the same load.
+        const int stride = 16;
+        bool      more_a = true, more_b = true;
         while (more_a || more_b) {
-            // one step of each, the order flipping every step
-            if (a_first) {
-                more_a = more_a && wave_a.step();
-                more_b = more_b && wave_b.step();
-            } else {
-                more_b = more_b && wave_b.step();
-                more_a = more_a && wave_a.step();
+            for (int k = 0; k < 2; ++k) {
+                const bool a_now = (k == 0) == a_first;
+                for (int i = 0; i < stride; ++i) {
+                    bool & more = a_now ? more_a : more_b;
+                    more        = more && (a_now ? wave_a.step() : wave_b.step());
+                }
             }
             a_first = !a_first;
         }

@@ -195,9 +195,9 @@ struct host_generation {
 // generates for every prompt, n_seq prompts at a time in parallel; drafter NULL = target only
 host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts);
 
-// host_generate on two targets (two contexts, one model) at once, one
-// step of each in turn (the order flipping every step): an A/B of two hosts under the
-// same machine load, step for step. Each generation's times count its own steps only.
+// host_generate on two targets (two contexts, one model) at once, 16 steps of
+// one, then 16 of the other (the order flipping every round): an A/B of two hosts under
+// nearly the same machine load. Each generation's times count its own steps only.
 std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, host_drafter * drafter_a,
         host_target & tgt_b, host_drafter * drafter_b, const std::vector<std::vector<llama_token>> & prompts);
 
