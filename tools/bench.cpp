@@ -391,11 +391,58 @@ void write_svg(const std::string & path, const std::vector<mode_result> & result
     out << "</svg>\n";
 }
 
+// --lockstep A,B: the two chain modes generate in rounds of 16 steps (host_generate_lockstep),
+// each rep on fresh contexts; prints each rep's tokens/s of both and B/A, in wall and
+// CPU time, then the medians. The machine's load falls on both alike.
+int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
+        const std::string & spec, int reps) {
+    const std::vector<std::string> ab = split(spec);
+    if (ab.size() != 2) {
+        throw std::runtime_error("--lockstep takes two modes: A,B");
+    }
+    for (const auto & m : ab) {
+        if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_diagnostic(m)) {
+            throw std::runtime_error("--lockstep runs chain modes only (ar, upstream, dflash2, dflash2-adaptive, "
+                    "ar-attached, ar-fed), not " + m);
+        }
+    }
+    host_target tgt_b(tgt, 0); // a second context on the same model (the weights are read from one place)
+    printf("lockstep %s (A) vs %s (B), rounds of 16 steps, %d repetitions\n", ab[0].c_str(), ab[1].c_str(), reps);
+    for (int32_t np : args.np_list) {
+        std::vector<double> wall, cpu;
+        for (int rep = 0; rep < reps; ++rep) {
+            tgt.reset_context(np);
+            tgt_b.reset_context(np);
+            auto da = make_drafter(ab[0], tgt);
+            auto db = make_drafter(ab[1], tgt_b);
+            auto used = [](const std::string & m, std::unique_ptr<host_drafter> & d) {
+                return m == "ar-attached" ? nullptr : d.get();
+            };
+            auto [a, b] = host_generate_lockstep(tgt, used(ab[0], da), tgt_b, used(ab[1], db), prompts);
+            const bool same = a.tokens == b.tokens;
+            wall.push_back(b.stats.tokens_per_s() / a.stats.tokens_per_s());
+            cpu.push_back(b.stats.tokens_per_cpu_s() / a.stats.tokens_per_cpu_s());
+            printf("np=%d rep %d: A %.1f tok/s (%.1f tok/cpu-s), B %.1f tok/s (%.1f tok/cpu-s), drafted %lld accepted %lld; "
+                   "B/A %.3f wall, %.3f cpu; outputs %s\n",
+                    np, rep, a.stats.tokens_per_s(), a.stats.tokens_per_cpu_s(), b.stats.tokens_per_s(),
+                    b.stats.tokens_per_cpu_s(), (long long) b.stats.n_drafted, (long long) b.stats.n_accepted,
+                    wall.back(), cpu.back(), same ? "identical" : "DIFFER");
+            fflush(stdout);
+        }
+        std::sort(wall.begin(), wall.end());
+        std::sort(cpu.begin(), cpu.end());
+        printf("np=%d lockstep %s/%s: median %.3f [%.3f..%.3f] wall, median %.3f [%.3f..%.3f] cpu\n", np,
+                ab[1].c_str(), ab[0].c_str(), wall[wall.size() / 2], wall.front(), wall.back(), cpu[cpu.size() / 2],
+                cpu.front(), cpu.back());
+    }
+    return 0;
+}
+
 } // namespace
 
 int main(int argc, char ** argv) {
     try {
-        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree" });
+        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree", "--lockstep" });
         if (!args.flags.empty()) {
             throw std::runtime_error("unknown option " + args.flags[0]);
         }
@@ -425,6 +472,10 @@ int main(int argc, char ** argv) {
         if (tgt.sampled()) {
             printf("sampled: temp %.2f (chain: temp, dist), seed %d; upstream: greedy drafts, sample-and-match; "
                    "dflash2: sampled drafts, lossless rejection sampling\n", args.params.temp, args.params.seed);
+        }
+
+        if (args.values.count("--lockstep")) {
+            return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps);
         }
 
         std::vector<mode_result> results;
@@ -490,6 +541,7 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
                 " dflash2-tree, dflash2-auto;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
+                "  --lockstep A,B    two chain modes in turns of 16 steps instead (an A/B under the same load)\n"
                 "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
                 e.what(), host_args_usage());
         return 2;

@@ -31,27 +31,52 @@ size_t verify(const host_target & tgt, host_drafter * drafter, host_stream & s, 
     return n_acc;
 }
 
-void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
-    // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
-    // on recurrent memory (hybrid targets), with an error in the log
-    llama_memory_clear(llama_get_memory(tgt.ctx), true);
-    if (drafter) {
-        drafter->seq_rm(-1, -1, -1);
-    }
-    host_prefill(tgt, drafter, streams, stats);
-    if (drafter) {
-        drafter->reset_stats();
-    }
+// one wave of streams generated step by step (so that two hosts can run in lockstep)
+struct chain_wave {
+    host_target &              tgt;
+    host_drafter *             drafter;
+    std::vector<host_stream> & streams;
+    host_stats &               stats;
+    common_batch               batch;
 
-    const int64_t t_start = host_time_us();
-    const int64_t t_cpu_start = host_cpu_time_us();
-    for (auto & s : streams) {
-        host_emit(tgt, s, { s.id_last });
-    }
-
-    common_batch batch(tgt.ctx);
     std::vector<std::vector<llama_token>> drafts;
-    while (true) {
+
+    chain_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats)
+        : tgt(tgt), drafter(drafter), streams(streams), stats(stats), batch(tgt.ctx) {
+        // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
+        // on recurrent memory (hybrid targets), with an error in the log
+        llama_memory_clear(llama_get_memory(tgt.ctx), true);
+        if (drafter) {
+            drafter->seq_rm(-1, -1, -1);
+        }
+        host_prefill(tgt, drafter, streams, stats);
+        if (drafter) {
+            drafter->reset_stats();
+        }
+        for (auto & s : streams) {
+            host_emit(tgt, s, { s.id_last });
+        }
+    }
+
+    // one draft + verify step of every active stream; false when none is left.
+    // Its wall and CPU time go to the stats.
+    bool step() {
+        const int64_t t_start     = host_time_us();
+        const int64_t t_cpu_start = host_cpu_time_us();
+        const bool    more        = step_untimed();
+        stats.t_total_us += host_time_us() - t_start;
+        stats.t_cpu_us   += host_cpu_time_us() - t_cpu_start;
+        return more;
+    }
+
+    void finish() {
+        if (drafter) {
+            drafter->add_stats(stats);
+        }
+    }
+
+  private:
+    bool step_untimed() {
         std::vector<size_t> active;
         for (size_t i = 0; i < streams.size(); ++i) {
             if (!streams[i].done) {
@@ -59,7 +84,7 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream
             }
         }
         if (active.empty()) {
-            break;
+            return false;
         }
 
         drafts.assign(active.size(), {});
@@ -118,11 +143,14 @@ void run_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream
             s.id_last = verdicts.back();
             host_emit(tgt, s, verdicts);
         }
+        return true;
     }
-    stats.t_total_us += host_time_us() - t_start;
-    stats.t_cpu_us += host_cpu_time_us() - t_cpu_start;
-    if (drafter) {
-        drafter->add_stats(stats);
+};
+
+void collect(std::vector<host_stream> & streams, host_generation & gen) {
+    for (auto & s : streams) {
+        gen.stats.n_generated += (int64_t) s.out.size();
+        gen.tokens[s.i_prompt] = std::move(s.out);
     }
 }
 
@@ -134,11 +162,48 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
         std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
-        run_wave(tgt, drafter, streams, gen.stats);
-        for (auto & s : streams) {
-            gen.stats.n_generated += (int64_t) s.out.size();
-            gen.tokens[s.i_prompt] = std::move(s.out);
+        chain_wave wave(tgt, drafter, streams, gen.stats);
+        while (wave.step()) {
         }
+        wave.finish();
+        collect(streams, gen);
     }
     return gen;
+}
+
+std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, host_drafter * drafter_a,
+        host_target & tgt_b, host_drafter * drafter_b, const std::vector<std::vector<llama_token>> & prompts) {
+    host_generation a, b;
+    a.tokens.resize(prompts.size());
+    b.tokens.resize(prompts.size());
+    const size_t n_seq = (size_t) tgt_a.params.n_seq;
+    bool a_first = true;
+    for (size_t first = 0; first < prompts.size(); first += n_seq) {
+        std::vector<host_stream> streams_a = host_wave(tgt_a, prompts, first, n_seq);
+        std::vector<host_stream> streams_b = host_wave(tgt_b, prompts, first, n_seq);
+        chain_wave wave_a(tgt_a, drafter_a, streams_a, a.stats);
+        chain_wave wave_b(tgt_b, drafter_b, streams_b, b.stats);
+        // stride steps of one, then of the other, the order flipping every round. Not
+        // one step each: an engine's controller times its steps from one draft call to
+        // the next, and would count the other host's step in each of its own (it then
+        // drafts where drafting does not pay); a round of the other host is one step
+        // it does not measure (a stall), under nearly the same load.
+        const int stride = 16;
+        bool      more_a = true, more_b = true;
+        while (more_a || more_b) {
+            for (int k = 0; k < 2; ++k) {
+                const bool a_now = (k == 0) == a_first;
+                for (int i = 0; i < stride; ++i) {
+                    bool & more = a_now ? more_a : more_b;
+                    more        = more && (a_now ? wave_a.step() : wave_b.step());
+                }
+            }
+            a_first = !a_first;
+        }
+        wave_a.finish();
+        wave_b.finish();
+        collect(streams_a, a);
+        collect(streams_b, b);
+    }
+    return { std::move(a), std::move(b) };
 }

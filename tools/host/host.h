@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 struct host_params {
@@ -106,7 +107,13 @@ struct host_target {
     host_prompt_decoder * prompt_decoder = nullptr; // not owned; NULL: every prompt is plain tokens
 
     explicit host_target(const host_params & params);
+    // another context on `other`'s model (not owned: `other` must outlive it)
+    explicit host_target(const host_target & other, int);
     ~host_target();
+    host_target(const host_target &) = delete;
+    host_target & operator=(const host_target &) = delete;
+
+    bool owns_model = true;
 
     // a fresh context for n_seq parallel sequences (0: keep params.n_seq);
     // drafters attach to it, so each mode gets its own. n_seq_ids > 0: a unified
@@ -187,6 +194,12 @@ struct host_generation {
 
 // generates for every prompt, n_seq prompts at a time in parallel; drafter NULL = target only
 host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts);
+
+// host_generate on two targets (two contexts, one model) at once, 16 steps of
+// one, then 16 of the other (the order flipping every round): an A/B of two hosts under
+// nearly the same machine load. Each generation's times count its own steps only.
+std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, host_drafter * drafter_a,
+        host_target & tgt_b, host_drafter * drafter_b, const std::vector<std::vector<llama_token>> & prompts);
 
 // dflash2 tree drafts of at most n_nodes nodes and n_leaves leaves per step,
 // verified in one target batch per step (generate-tree.cpp; greedy at --temp 0,

@@ -53,9 +53,19 @@ host_target::host_target(const host_params & params) : params(params) {
     reset_context();
 }
 
+host_target::host_target(const host_target & other, int) : params(other.params) {
+    model      = other.model;
+    vocab      = other.vocab;
+    n_vocab    = other.n_vocab;
+    owns_model = false;
+    reset_context();
+}
+
 host_target::~host_target() {
     llama_free(ctx);
-    llama_model_free(model);
+    if (owns_model) {
+        llama_model_free(model);
+    }
 }
 
 void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
