@@ -6,7 +6,7 @@
 # (scripts/sanitizers.sh) and llama-server under load and faults
 # (tests/server/load_faults.py).
 #
-#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,server] [TARGET...]
+#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,server,server-suite] [TARGET...]
 #
 # --quick: 60 s per fuzz target, a 500-step soak, a subset of the tests under
 # ASan and a 1-minute server load (part of scripts/test.sh); default: 600 s per
@@ -132,6 +132,12 @@ if [[ $skip != *,server,* ]]; then
     fi
     part server python3 -u tests/server/load_faults.py --server "$server" --target "$DFLASH2_SMOLLM2" \
         --draft "$drafter" --seconds $load_s --workdir "$root/target/server-load"
+fi
+# llama.cpp's own server tests without and with the drafter (scripts/llama-server-tests.sh
+# --all, about 1.5 h on 2 busy cores: not in --quick; scripts/test.sh runs its probabilities subset)
+if [[ $skip != *,server-suite,* ]] && [ $quick = 0 ]; then
+    summary_re="^differential:"
+    part server-suite scripts/llama-server-tests.sh --all
 fi
 
 echo
