@@ -7,7 +7,7 @@
 # valgrind memcheck (scripts/sanitizers.sh asan / ubsan / valgrind), and
 # llama-server under load and faults (tests/server/load_faults.py).
 #
-#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server] [TARGET...]
+#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server,server-suite] [TARGET...]
 #
 # --quick (part of scripts/test.sh, which CI runs on 2 cores): 60 s per fuzz
 # target, a 200-step soak, the API-surface Rust tests and the C tests but the
@@ -166,6 +166,12 @@ if [[ $skip != *,server,* ]]; then
     fi
     part server python3 -u tests/server/load_faults.py --server "$server" --target "$DFLASH2_SMOLLM2" \
         --draft "$drafter" --seconds $load_s --workdir "$root/target/server-load"
+fi
+# llama.cpp's own server tests without and with the drafter (scripts/llama-server-tests.sh
+# --all, about 1.5 h on 2 busy cores: not in --quick; scripts/test.sh runs its probabilities subset)
+if [[ $skip != *,server-suite,* ]] && [ $quick = 0 ]; then
+    summary_re="^differential:"
+    part server-suite scripts/llama-server-tests.sh --all
 fi
 
 echo
