@@ -124,7 +124,7 @@ def main():
     for m in runs:
         if not_run[m]:
             lines.append(f"not run {m} the drafter (that run was cut short): {len(not_run[m])}, "
-                         f"from {not_run[m][0]}; counts above are of the tests each run ran")
+                         f"from {not_run[m][0]}; counts above are of the tests run both ways")
     lines += ["", f"passes without the drafter, fails with it: {len(worse)} ({len(unexpected)} not known)"]
     for d in worse:
         lines.append(f"  {d['test']}: {d['with']}: {d['with_reason']}")
