@@ -122,7 +122,7 @@ run_mode() { # without|with: one run of the tests, its own tree and port; log in
 }
 
 # the two runs side by side (each server on one thread): the whole suite takes
-# about 50 minutes a run on two busy cores
+# 52 minutes without the drafter, well over an hour with it, side by side on two busy cores (2026-11-29)
 status=0
 echo "== $what, without and with the DFlash2 drafter $drafter (logs: $results/{without,with}.log)"
 run_mode without & without_pid=$!

@@ -168,7 +168,7 @@ if [[ $skip != *,server,* ]]; then
         --draft "$drafter" --seconds $load_s --workdir "$root/target/server-load"
 fi
 # llama.cpp's own server tests without and with the drafter (scripts/llama-server-tests.sh
-# --all, about 1.5 h on 2 busy cores: not in --quick; scripts/test.sh runs its probabilities subset)
+# --all, over an hour on 2 busy cores: not in --quick; scripts/test.sh runs its probabilities subset)
 if [[ $skip != *,server-suite,* ]] && [ $quick = 0 ]; then
     summary_re="^differential:"
     part server-suite scripts/llama-server-tests.sh --all

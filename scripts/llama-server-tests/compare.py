@@ -96,12 +96,16 @@ def main():
         return next((why for prefix, why in known if test_id.startswith(prefix)), None)
 
     bad = ("failed", "error")
-    ids = sorted(set(runs["without"]) | set(runs["with"]))
-    missing = ("error", "not run")
-    get = {m: (lambda r: lambda t: r.get(t, missing))(runs[m]) for m in runs}
+    # a run cut short (pytest interrupted) lacks its last tests: they are listed
+    # as not run, not counted as failures of that run
+    ids = sorted(set(runs["without"]) & set(runs["with"]))
+    not_run = {"without": sorted(set(runs["with"]) - set(runs["without"])),
+               "with": sorted(set(runs["without"]) - set(runs["with"]))}
+    runs_all = runs
+    runs = {m: {t: runs_all[m][t] for t in ids} for m in runs_all}
     worse, better, both = [], [], []
     for t in ids:
-        (sw, ww), (sg, wg) = get["without"](t), get["with"](t)
+        (sw, ww), (sg, wg) = runs["without"][t], runs["with"][t]
         if sw == "passed" and sg in bad:
             worse.append({"test": t, "without": sw, "with": sg, "with_reason": wg, "known": known_why(t)})
         elif sw in bad and sg == "passed":
@@ -110,13 +114,17 @@ def main():
             both.append({"test": t, "without": sw, "with": sg, "without_reason": ww, "with_reason": wg})
     unexpected = [d for d in worse if not d["known"]]
 
-    lines = [f"llama.cpp server tests (tools/server/tests/unit), {len(ids)} tests, on SmolLM2-135M-Instruct;"
+    lines = [f"llama.cpp server tests (tools/server/tests/unit), {len(ids)} tests run both ways, on SmolLM2-135M-Instruct;"
              f" drafter {os.path.basename(args.drafter)}", "",
              f"{'':16}{'passed':>8}{'failed':>8}{'errors':>8}{'skipped':>8}{'seconds':>9}"]
     for m in ("without", "with"):
         c = counts(runs[m])
         lines.append(f"{m + ' drafter':16}{c['passed']:>8}{c['failed']:>8}{c['error']:>8}{c['skipped']:>8}"
                      f"{seconds[m] if seconds[m] is not None else '?':>9}")
+    for m in runs:
+        if not_run[m]:
+            lines.append(f"not run {m} the drafter (that run was cut short): {len(not_run[m])}, "
+                         f"from {not_run[m][0]}; counts above are of the tests run both ways")
     lines += ["", f"passes without the drafter, fails with it: {len(worse)} ({len(unexpected)} not known)"]
     for d in worse:
         lines.append(f"  {d['test']}: {d['with']}: {d['with_reason']}")
@@ -144,7 +152,7 @@ def main():
     with open(os.path.join(args.dir, "summary.json"), "w") as f:
         json.dump({"counts": {m: counts(runs[m]) for m in runs}, "seconds": seconds,
                    "passes_without_fails_with": worse, "fails_without_passes_with": better,
-                   "fails_in_both": both}, f, indent=1)
+                   "fails_in_both": both, "not_run": not_run}, f, indent=1)
     print(text)
     if unexpected:
         print(f"FAIL: {len(unexpected)} tests pass without the drafter and fail with it, not known", file=sys.stderr)
