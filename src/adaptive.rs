@@ -825,21 +825,7 @@ mod tests {
 
     /// A big target on a GPU: rows nearly free, a draft decode a tenth of a step.
     fn gpu(n_seqs: usize, p_accept: f64) -> World {
-        World {
-            n_seqs,
-            n_max: 7,
-            step: 0.030,
-            verify_row: 0.0001,
-            draft_fixed: 0.003,
-            draft_row: 0.00002,
-            p_accept,
-            unlucky: 0,
-            p_spike: 0.0,
-            spike: 1.0,
-            drift_after: usize::MAX,
-            drift: 1.0,
-            seed: 0,
-        }
+        World { step: 0.030, verify_row: 0.0001, draft_fixed: 0.003, draft_row: 0.00002, ..cpu(n_seqs, p_accept) }
     }
 
     #[test]
