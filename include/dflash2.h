@@ -83,7 +83,10 @@ enum llama_spec_dflash2_walk {
   // measured slower than not drafting), or a probe: one sequence in turn drafts
   // 1-2 tokens, the others none, to keep learning. Probes are spaced so that
   // what they are expected to lose against not drafting stays within 1% of the
-  // time measured. Drafts may differ from upstream's; outputs stay lossless.
+  // time measured (a quarter of that once even the optimistic estimate says
+  // drafting does not pay). Until a verify row's cost is measured it is priced
+  // at what verify decodes cost per row so far. Drafts may differ from
+  // upstream's; outputs stay lossless.
   LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE = 1,
 };
 

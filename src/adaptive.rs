@@ -27,10 +27,18 @@
 //! would have taken to gain the same tokens (negative when drafting paid), and a
 //! probe (or a retry of drafting for all sequences after the drafting arm was
 //! measured slower) is only taken while the charged total is at most
-//! `LOSS_BUDGET` of all the time measured. Where a draft decode is dear
-//! against a target step (a small target on a CPU) probes are rare; where it
-//! is cheap (a big target) they come every few steps, and a drafter that pays
-//! turns drafting on after its first probes.
+//! `LOSS_BUDGET` of all the time measured (`WATCH_SHARE` of it once even the
+//! optimistic estimate says drafting does not pay). Where a draft decode is
+//! dear against a target step (a small target on a CPU) probes are rare;
+//! where it is cheap (a big target) they come every few steps, and a drafter
+//! that pays turns drafting on after its first probes.
+//!
+//! What is not measured yet is priced dear for deciding to draft and cheap
+//! for deciding to learn: a verify row at what verify decodes cost per row
+//! so far, or free; a full batch of noise blocks at the rows-proportional
+//! cost of the blocks seen, or at their cost as is. Drafting steps taken
+//! before a verify row's cost is measured are charged once it is
+//! (`DraftingStep`).
 //!
 //! "A plain step at the same moment" is the drafting step itself less its
 //! draft decode and its extra verify rows: on a machine whose load changes
@@ -51,19 +59,15 @@ const BINS: usize = 10;
 /// Weight of the newest observation in the running averages.
 const DECAY: f64 = 0.05;
 
-/// The cost fits' averages weigh their first observations equally, then the
-/// last this many (rows vary rarely while drafting is off: a short window
-/// would forget the variation that gives the slope).
-const COST_WINDOW: f64 = 512.0;
-
 /// Plain steps measured before anything is drafted: the yardstick.
 const ARM_MIN_STEPS: u32 = 4;
 
 /// Tokens a probe drafts at most (its block is PROBE_LEN + 1 rows).
 const PROBE_LEN: usize = 2;
 
-/// Observations of more rows than the fewest before a cost fit has a slope.
-const SLOPE_MIN: u32 = 3;
+/// Slopes between runs of different row counts before a cost model has a
+/// slope (one slowed-down decode spoils two).
+const SLOPE_MIN: u32 = 5;
 
 /// A time observation counts as this many times what was expected at most.
 const SPIKE: f64 = 2.0;
@@ -73,6 +77,15 @@ const OUTLIER: f64 = 4.0;
 
 /// Share of the measured time that learning may lose against plain steps.
 const LOSS_BUDGET: f64 = 0.01;
+
+/// The share of the loss budget left to probes where even the optimistic
+/// estimate says drafting does not pay: they only watch for a change (of the
+/// acceptance, of the costs), and on a target whose rows are dear they lose
+/// against a plain step what three plain steps take.
+const WATCH_SHARE: f64 = 0.25;
+
+/// Drafting steps that wait for a verify row's cost to be measured.
+const UNPRICED_MAX: usize = 16;
 
 /// `DFLASH2_TRACE_POLICY` set: every step's plan and the measurements it was
 /// decided on go to stderr (a debugging aid; read once per process).
@@ -236,24 +249,53 @@ struct StepParts {
     drafted: usize,
 }
 
-/// A time against a row count as a + b * rows, fitted by weighted least
-/// squares over a long window.
+/// A drafting step as charged against the loss budget: what it did, the
+/// tokens its sequences gained in its wall time, and its parts. A step that
+/// verified drafted rows before a row's cost was measured waits for it: its
+/// rows taken as free, the first drafting steps would earn credit that pays
+/// for dozens of probes where rows are dear (a small target on a CPU); taken
+/// at a plain row's cost, they would look like losses that hold drafting off
+/// where rows are nearly free (a big target on a GPU).
+#[derive(Clone, Copy, Debug)]
+struct DraftingStep {
+    plan: Plan,
+    tokens: usize,
+    seconds: f64,
+    requests: usize,
+    parts: StepParts,
+}
+
+/// A time against a row count as a + b * rows. The level is a running mean;
+/// the slope b is a low quantile of the last slopes between neighbouring runs
+/// of observations of one row count (each run's running mean; the run going
+/// on counts as it stands). Neighbours share the machine's load (a slope
+/// against a mean of older decodes reads a machine slowed down since as the
+/// cost of rows), and one decode slowed down alone spoils the two slopes of
+/// its run among five at least, not the fit (as it would a least-squares
+/// slope from three probes); a machine only ever slows decodes down, so
+/// spoiled slopes lie mostly above the others.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CostModel {
     n: Mean,
     t: Mean,
-    nn: Mean,
-    nt: Mean,
     count: f64,
-    /// the fewest rows seen, and the observations of more rows: a slope from
-    /// fewer than SLOPE_MIN of them could be one slow decode
-    min_rows: usize,
-    above_min: u32,
-    /// The slope when rows last varied enough to tell: kept while every
-    /// observation has the same row count (the variance then fades, the cost
-    /// of a row does not).
+    /// the run of observations going on and the one before it, as (rows,
+    /// mean seconds), newest first
+    runs: [Option<(usize, Mean)>; 2],
+    /// the slopes of runs that ended (a ring)
+    slopes: [f64; SLOPES],
+    n_slopes: usize,
+    /// The SLOPE_QUANTILE of the slopes (with the run going on's) once
+    /// SLOPE_MIN were seen; kept while every observation has the same row
+    /// count (drafting off: the cost of a row does not fade).
     slope: Option<f64>,
 }
+
+/// The quantile of the slopes taken (spikes only slow decodes down).
+const SLOPE_QUANTILE: f64 = 0.5;
+
+/// Slopes between runs that the slope's quantile spans.
+const SLOPES: usize = 16;
 
 impl CostModel {
     pub fn observe(&mut self, rows: usize, seconds: f64) {
@@ -265,23 +307,52 @@ impl CostModel {
         } else {
             seconds
         };
-        if self.count == 0.0 || rows < self.min_rows {
-            (self.min_rows, self.above_min) = (rows, 0);
-        } else if rows > self.min_rows {
-            self.above_min += 1;
+        match &mut self.runs[0] {
+            Some((r, mean)) if *r == rows => mean.add(seconds),
+            _ => {
+                if let Some(slope) = self.run_slope() {
+                    self.slopes[self.n_slopes % SLOPES] = slope;
+                    self.n_slopes += 1;
+                }
+                let mut mean = Mean::default();
+                mean.add(seconds);
+                self.runs = [Some((rows, mean)), self.runs[0]];
+            }
+        }
+        let ended = self.slopes[..self.n_slopes.min(SLOPES)].iter().copied();
+        let mut recent: Vec<f64> = ended.chain(self.run_slope()).collect();
+        if recent.len() >= SLOPE_MIN as usize {
+            recent.sort_by(f64::total_cmp);
+            let q = (recent.len() - 1) as f64 * SLOPE_QUANTILE;
+            let (lo, hi) = (recent[q.floor() as usize], recent[q.ceil() as usize]);
+            self.slope = Some((lo + (hi - lo) * q.fract()).max(0.0));
         }
         self.count += 1.0;
-        let w = (1.0 / self.count).max(1.0 / COST_WINDOW);
-        let n = rows as f64;
-        self.n.add_weighted(n, w);
-        self.t.add_weighted(seconds, w);
-        self.nn.add_weighted(n * n, w);
-        self.nt.add_weighted(n * seconds, w);
-        let var = self.nn.value - self.n.value * self.n.value;
-        // a few observations at another row count among many are enough
-        if var >= 0.02 && self.above_min >= SLOPE_MIN {
-            self.slope = Some(((self.nt.value - self.n.value * self.t.value) / var).max(0.0));
+        self.n.add(rows as f64);
+        self.t.add(seconds);
+    }
+
+    /// The slope between the run going on and the one before it.
+    fn run_slope(&self) -> Option<f64> {
+        let ((a, ta), (b, tb)) = (self.runs[1]?, self.runs[0]?);
+        Some((tb.value - ta.value) / (b as f64 - a as f64))
+    }
+
+    /// Whether the slope rests on enough slopes that slowed-down decodes
+    /// (each spoiling two) cannot have set it: SLOPE_MIN that agree (their
+    /// middle half within half the median), or twice as many.
+    pub fn settled(&self) -> bool {
+        let n = self.n_slopes.min(SLOPES);
+        if n >= 2 * SLOPE_MIN as usize {
+            return true;
         }
+        if n < SLOPE_MIN as usize {
+            return false;
+        }
+        let mut recent = self.slopes[..n].to_vec();
+        recent.sort_by(f64::total_cmp);
+        let at = |q: f64| recent[((n - 1) as f64 * q).round() as usize];
+        at(0.75) - at(0.25) <= 0.5 * at(0.5).abs()
     }
 
     /// Seconds per extra row, once rows have varied enough to tell.
@@ -319,8 +390,9 @@ pub enum Plan {
     /// Every request drafts.
     All,
     /// Only request `request` (an index into the call's requests) drafts, at
-    /// most `n_max` tokens.
-    Probe { request: usize, n_max: usize },
+    /// most `n_max` tokens, from a noise block of at least `rows` rows (a
+    /// wide block measures what a full block costs to decode).
+    Probe { request: usize, n_max: usize, rows: usize },
 }
 
 impl Plan {
@@ -329,13 +401,22 @@ impl Plan {
         match self {
             Plan::Plain => 0,
             Plan::All => cap,
-            Plan::Probe { request, n_max } => {
+            Plan::Probe { request, n_max, .. } => {
                 if i == request {
                     cap.min(n_max)
                 } else {
                     0
                 }
             }
+        }
+    }
+
+    /// Rows of each noise block, given the widest cap of the call (0: none drafts).
+    pub fn block_rows(self, max_cap: usize) -> usize {
+        match self {
+            _ if max_cap == 0 => 0,
+            Plan::Probe { rows, .. } => rows.max(max_cap + 1),
+            _ => max_cap + 1,
         }
     }
 }
@@ -363,6 +444,11 @@ pub struct AdaptivePolicy {
     /// and all the seconds measured
     loss: f64,
     elapsed: f64,
+    /// drafting steps not charged yet (a verify row's cost was not
+    /// measured), and what they lost at least: their loss with the rows free,
+    /// if positive (the budget counts it meanwhile)
+    unpriced: Vec<DraftingStep>,
+    unpriced_loss: f64,
     /// the request the next probe drafts for (in turn)
     probes: usize,
     /// when the current step began (its draft call) and when its draft was handed out
@@ -390,6 +476,8 @@ impl AdaptivePolicy {
             plan: Plan::Plain,
             loss: 0.0,
             elapsed: 0.0,
+            unpriced: Vec::new(),
+            unpriced_loss: 0.0,
             probes: 0,
             step_start: None,
             draft_end: None,
@@ -462,36 +550,51 @@ impl AdaptivePolicy {
         self.step_tokens += n_accepted;
     }
 
-    /// The price of one verified row in tokens: rho * b (0 until measured).
+    /// The price of one verified row in tokens: rho * b. Until b is measured
+    /// a row costs what the verify decodes seen cost per row: free rows would
+    /// keep every drafted token, every step would verify as many rows, and
+    /// rows that never vary never show what one costs (four sequences of a
+    /// small target on a CPU drafting at half the speed of not drafting).
     fn row_price(&self) -> f64 {
-        match (self.rate.seen, self.verify_cost.per_row()) {
-            (true, Some(b)) => self.rate.value * b,
-            _ => 0.0,
+        if !self.rate.seen {
+            return 0.0;
+        }
+        match self.verify_cost.per_row() {
+            Some(b) => self.rate.value * b,
+            None if self.verify_cost.n.value > 0.0 => {
+                self.rate.value * self.verify_cost.mean() / self.verify_cost.n.value
+            }
+            None => 0.0,
         }
     }
 
     /// Tokens that drafting for `n_seqs` sequences is expected to gain this
     /// step beyond a plain step, net of its draft decode and extra verify
-    /// rows, as (pessimistic, optimistic): until draft decodes of two row
-    /// counts were timed, a full block for every sequence is priced at the
-    /// rows-proportional cost of the decodes seen, and at their cost as is
-    /// (extra rows free). None until a draft decode and a verified draft were seen.
+    /// rows, as (pessimistic, optimistic): what is not measured yet is priced
+    /// dear and cheap. A verify row: at what verify decodes cost per row so
+    /// far, and free. A full block for every sequence, until draft decodes of
+    /// two row counts were timed: at the rows-proportional cost of the decodes
+    /// seen, and at their cost as is. None until a draft decode and a
+    /// verified draft were seen.
     fn expected_net(&self, n_seqs: usize) -> Option<(f64, f64)> {
         if !self.draft_cost.seen() || self.acceptance.n_observed() < 1.0 || !self.rate.seen {
             return None;
         }
+        let gain = |price: f64| {
+            let (gain, kept) = self.acceptance.expected_chain(self.n_positions, price);
+            n_seqs as f64 * (gain - price * kept as f64)
+        };
         let price = self.row_price();
-        let (gain, kept) = self.acceptance.expected_chain(self.n_positions, price);
-        let gain = n_seqs as f64 * (gain - price * kept as f64);
+        let cheap_price = if self.verify_cost.per_row().is_some() { price } else { 0.0 };
         let rows = n_seqs * (self.n_positions + 1);
         let dear = self.rate.value * self.draft_cost.predict(rows);
         let cheap = if self.draft_cost.per_row().is_some() { dear } else { self.rate.value * self.draft_cost.mean() };
-        Some((gain - dear, gain - cheap))
+        Some((gain(price) - dear, gain(cheap_price) - cheap))
     }
 
-    /// Learning may lose this much more time.
-    fn budget_left(&self) -> bool {
-        self.loss <= LOSS_BUDGET * self.elapsed
+    /// Learning may lose `share` of its budget.
+    fn budget_left(&self, share: f64) -> bool {
+        self.loss + self.unpriced_loss <= share * LOSS_BUDGET * self.elapsed
     }
 
     /// What a step for `n_seqs` sequences does.
@@ -506,17 +609,32 @@ impl AdaptivePolicy {
         if pays && !self.drafting_measured_slower() {
             return Plan::All;
         }
-        if !self.budget_left() {
+        // the whole budget while drafting may pay, or while a verify row's
+        // cost rests on the few slopes one slowed-down decode can spoil
+        let settled = self.verify_cost.settled();
+        if !self.budget_left(if pays || may_pay || !settled { 1.0 } else { WATCH_SHARE }) {
             return Plan::Plain;
         }
-        if pays || may_pay {
-            // measure drafting for every sequence: the model and the measured
-            // arms disagree, or a full batch of blocks was never timed
+        if pays {
+            // measure drafting for every sequence again: the model and the
+            // measured arms disagree
             return Plan::All;
         }
+        if !settled && matches!(self.plan, Plan::Probe { .. }) {
+            // a plain step after each probe while a row's cost is learned:
+            // the probe's verify then gives two slopes (against the steps
+            // before and after it), and fewer probes settle it
+            return Plan::Plain;
+        }
+        // drafting may pay if a full batch of blocks costs what the probes'
+        // blocks did: every other probe decodes a full block (its draft still
+        // PROBE_LEN tokens at most) until the decode's cost per row is
+        // measured; a full batch of drafts for every sequence would cost
+        // many verify rows more
+        let wide = may_pay && settled && self.draft_cost.per_row().is_none() && self.probes % 2 == 1;
         let request = self.probes % n_seqs.max(1);
         self.probes = self.probes.wrapping_add(1);
-        Plan::Probe { request, n_max: PROBE_LEN }
+        Plan::Probe { request, n_max: PROBE_LEN, rows: if wide { self.n_positions + 1 } else { PROBE_LEN + 1 } }
     }
 
     /// The drafting steps were measured slower than plain steps at the same
@@ -541,9 +659,15 @@ impl AdaptivePolicy {
         self.bounded(kept, confidences.len())
     }
 
-    /// A probe keeps one token at least (a draft of none would teach nothing).
+    /// A probe keeps one token at least (a draft of none would teach nothing);
+    /// until a verify row's cost is measured, one and two in turn (probes of
+    /// one length every step would verify one row count, which shows nothing).
     fn bounded(&mut self, kept: usize, len: usize) -> usize {
-        let kept = if matches!(self.plan, Plan::Probe { .. }) { kept.max(1).min(len) } else { kept };
+        let kept = match self.plan {
+            Plan::Probe { .. } if !self.verify_cost.settled() => (1 + self.probes % 2).min(len),
+            Plan::Probe { .. } => kept.max(1).min(len),
+            _ => kept,
+        };
         self.parts.drafted += kept;
         kept
     }
@@ -576,15 +700,18 @@ impl AdaptivePolicy {
     /// most what a plain step's row was measured to cost: a verify slowed
     /// down by the machine is not taken for the price of its few extra rows
     /// (a cost fit from a handful of probes can be that wrong).
-    fn plain_seconds(&self, seconds: f64) -> f64 {
-        let parts = &self.parts;
+    fn plain_seconds(&self, parts: &StepParts, seconds: f64) -> f64 {
         let mut rest = seconds - parts.draft_seconds.min(seconds);
         if let Some((rows, verify)) = parts.verify {
             let verify = verify.min(rest);
             let plain_rows = rows.saturating_sub(parts.drafted).max(1);
-            let (all, plain) = (self.verify_cost.predict(rows), self.verify_cost.predict(plain_rows));
-            // rows are free until their cost is measured (as in row_price)
-            let scale = if all > 0.0 && self.verify_cost.per_row().is_some() { (plain / all).min(1.0) } else { 1.0 };
+            // before a row's cost is measured (a step that could not wait for
+            // it, see DraftingStep) a drafted row costs what the others do
+            let (all, plain) = match self.verify_cost.per_row() {
+                Some(_) => (self.verify_cost.predict(rows), self.verify_cost.predict(plain_rows)),
+                None => (rows as f64, plain_rows as f64),
+            };
+            let scale = if all > 0.0 { (plain / all).min(1.0) } else { 1.0 };
             let mut extra = verify * (1.0 - scale);
             if self.plain.tokens.value > 0.0 {
                 extra = extra.min(parts.drafted as f64 * self.plain.seconds.value / self.plain.tokens.value);
@@ -599,38 +726,72 @@ impl AdaptivePolicy {
         if seconds <= 0.0 {
             return;
         }
-        self.elapsed += seconds;
         if self.plain.rate().is_none() {
+            self.elapsed += seconds;
             self.rate.add(tokens as f64 / seconds);
             self.plain.add(tokens as f64, seconds);
             return;
         }
-        let plain_seconds = self.plain_seconds(seconds);
+        if self.verify_cost.settled() {
+            self.unpriced_loss = 0.0;
+            for step in std::mem::take(&mut self.unpriced) {
+                self.charge(step);
+            }
+        }
+        let plain_seconds = self.plain_seconds(&self.parts, seconds);
         let usual = if self.usual.seen { self.usual.value } else { self.plain.seconds.value };
         self.usual.add(plain_seconds.min(OUTLIER * usual));
         if plain_seconds > OUTLIER * usual {
             // the step held something else too (the prompt decode of a new
-            // sequence, the machine stalled): its plain equivalent would credit
-            // drafting (or charge plain steps) with that time; its time counts
+            // sequence, the machine stalled, the host away between requests):
+            // its plain equivalent would credit drafting (or charge plain
+            // steps) with that time, and the loss budget would grow with it:
+            // it counts as a usual step
+            self.elapsed += usual;
             return;
         }
+        self.elapsed += seconds;
         self.rate.add(tokens as f64 / seconds);
-        // a plain step gains one token per requesting sequence
-        let per_token = plain_seconds / self.step_requests.max(1) as f64;
+        let step = DraftingStep { plan: self.plan, tokens, seconds, requests: self.step_requests, parts: self.parts };
         match self.plan {
             Plan::Plain => self.plain.add(tokens as f64, seconds),
-            Plan::All => {
-                let equivalent = tokens as f64 * per_token;
-                self.loss += seconds - equivalent;
-                // speedup: plain-equivalent seconds per second
-                self.drafting.add(equivalent, seconds);
+            _ if step.parts.drafted > 0 && !self.verify_cost.settled() => {
+                if self.unpriced.len() < UNPRICED_MAX {
+                    self.unpriced.push(step);
+                    let at_least = seconds - self.loss_equivalent(&step, seconds - step.parts.draft_seconds);
+                    self.unpriced_loss += at_least.max(0.0);
+                } else {
+                    self.charge(step);
+                }
             }
+            _ => self.charge(step),
+        }
+    }
+
+    /// Charges a drafting step against the loss budget: its seconds less
+    /// those of plain steps gaining as much.
+    fn charge(&mut self, step: DraftingStep) {
+        let equivalent = self.loss_equivalent(&step, self.plain_seconds(&step.parts, step.seconds));
+        self.loss += step.seconds - equivalent;
+        if step.plan == Plan::All {
+            // speedup: plain-equivalent seconds per second
+            self.drafting.add(equivalent, step.seconds);
+        }
+    }
+
+    /// The seconds plain steps take to gain what a drafting step gained (a
+    /// probe: what it was expected to gain, not what it happened to: one
+    /// unlucky probe must not hold off the next for long where drafting
+    /// pays; the acceptance model has seen this probe already), given what
+    /// one plain step would have taken instead of it.
+    fn loss_equivalent(&self, step: &DraftingStep, plain_seconds: f64) -> f64 {
+        // a plain step gains one token per requesting sequence
+        let per_token = plain_seconds / step.requests.max(1) as f64;
+        match step.plan {
+            Plan::Plain => step.seconds,
+            Plan::All => step.tokens as f64 * per_token,
             Plan::Probe { .. } => {
-                // charged what it was expected to gain, not what it happened to: one
-                // unlucky probe must not hold off the next for long where drafting
-                // pays (the acceptance model has seen this probe already)
-                let expected = self.step_requests as f64 + self.acceptance.expected_accepted(self.parts.drafted);
-                self.loss += seconds - expected * per_token;
+                (step.requests as f64 + self.acceptance.expected_accepted(step.parts.drafted)) * per_token
             }
         }
     }
@@ -680,6 +841,34 @@ mod tests {
             c.observe(1, 0.011);
         }
         assert!(c.per_row().is_some_and(|x| (x - b).abs() < 1e-3), "{:?}", c.per_row());
+    }
+
+    #[test]
+    fn slowed_down_decodes_and_a_slower_machine_do_not_set_the_slope() {
+        // one-row plain steps at 30 ms, a row costs 0.1 ms; probes of 2 and 3
+        // rows in turn, the first and the fourth slowed down threefold
+        let mut c = CostModel::default();
+        for _ in 0..4 {
+            c.observe(1, 0.030);
+        }
+        for (i, rows) in [2, 3, 2, 3, 2, 3, 2].into_iter().enumerate() {
+            let t = 0.030 + 0.0001 * (rows - 1) as f64;
+            c.observe(rows, if i == 0 || i == 3 { 3.0 * t } else { t });
+        }
+        c.observe(1, 0.030);
+        let b = c.per_row().expect("a slope from 8 runs");
+        assert!(b < 0.002, "{b}");
+        // the machine slows down twice over while rows keep their cost
+        // relative to a step: slopes between neighbours follow it (once
+        // most of the slopes the quantile spans were taken since)
+        let mut c = CostModel::default();
+        for i in 0..110 {
+            let slow = if i < 30 { 1.0 } else { 2.0 };
+            let rows = if i % 5 == 4 { 3 } else { 1 };
+            c.observe(rows, slow * (0.010 + 0.002 * rows as f64));
+        }
+        let b = c.per_row().unwrap();
+        assert!((b - 0.004).abs() < 5e-4, "{b}");
     }
 
     #[test]
@@ -761,7 +950,7 @@ mod tests {
                     Plan::Probe { .. } => run.probes += 1,
                 }
                 let caps: Vec<usize> = (0..self.n_seqs).map(|i| plan.cap(i, self.n_max)).collect();
-                let width = caps.iter().max().copied().unwrap_or(0) + 1;
+                let width = plan.block_rows(caps.iter().copied().max().unwrap_or(0));
                 let blocks = caps.iter().filter(|&&c| c > 0).count();
                 let mut step_seconds = 0.0;
                 let mut kept = vec![0; self.n_seqs];
@@ -823,6 +1012,20 @@ mod tests {
         }
     }
 
+    /// SmolLM2-135M on one CPU thread as measured (`dflash2-capture-cost`,
+    /// the controller's trace): a verify row costs 12 ms (a one-row decode
+    /// 19 ms), a draft decode 9 ms + 1.2 ms a row; the trained drafter's
+    /// first tokens are accepted seven times in ten.
+    fn cpu_one_thread(n_seqs: usize, p_accept: f64) -> World {
+        World {
+            step: 0.007 + 0.012 * n_seqs as f64,
+            verify_row: 0.012,
+            draft_fixed: 0.009,
+            draft_row: 0.0012,
+            ..cpu(n_seqs, p_accept)
+        }
+    }
+
     /// A big target on a GPU: rows nearly free, a draft decode a tenth of a step.
     fn gpu(n_seqs: usize, p_accept: f64) -> World {
         World { step: 0.030, verify_row: 0.0001, draft_fixed: 0.003, draft_row: 0.00002, ..cpu(n_seqs, p_accept) }
@@ -830,9 +1033,10 @@ mod tests {
 
     #[test]
     fn where_drafting_does_not_pay_learning_stays_within_its_budget() {
+        let worlds = [(0.0, false), (0.4, false), (0.0, true), (0.7, true)];
         for n_seqs in [1, 2, 4] {
-            for p_accept in [0.0, 0.4] {
-                let w = cpu(n_seqs, p_accept);
+            for (p_accept, one_thread) in worlds {
+                let w = if one_thread { cpu_one_thread(n_seqs, p_accept) } else { cpu(n_seqs, p_accept) };
                 let mut p = AdaptivePolicy::new(7);
                 // 8 prompts x 64 tokens: as short as the bench's runs
                 let steps = 8 * 64 / n_seqs;
@@ -866,27 +1070,38 @@ mod tests {
 
     #[test]
     fn where_drafting_pays_noisy_timing_does_not_turn_it_off() {
-        // a loaded machine: one decode in ten takes ten times longer (ggml's
+        // a loaded machine: one decode in ten takes three times longer (ggml's
         // spinning threads descheduled), and after the plain yardstick steps
         // the machine slows down by half
-        let (mut failed, mut all, mut steps) = (Vec::new(), 0, 0);
+        let (mut late, mut never, mut all, mut steps) = (Vec::new(), Vec::new(), 0, 0);
         for n_seqs in [1, 2, 4] {
             for (p_spike, drift) in [(0.1, 1.0), (0.0, 2.0), (0.1, 2.0), (0.0, 3.0)] {
                 for seed in 0..8 {
                     let w = World { p_spike, spike: 3.0, drift_after: 6, drift, seed, ..gpu(n_seqs, 0.6) };
                     let mut p = AdaptivePolicy::new(7);
                     let run = w.run(&mut p, 200);
-                    // a spike that lands on the first drafting steps can hold
-                    // drafting off for a while (the budget), never for good
-                    if run.all < 110 {
-                        failed.push(format!("np {n_seqs}, spikes {p_spike}, drift {drift}, seed {seed}: {run:?}"));
-                    }
                     (all, steps) = (all + run.all, steps + 200);
+                    if run.all >= 100 {
+                        continue;
+                    }
+                    // slowed-down decodes among the first probes' verifies
+                    // (seed 0's stream slows 3 of the first 11) make rows read
+                    // dear: it may take longer, never for good (on within the
+                    // next 125 steps and on from then)
+                    let name = format!("np {n_seqs}, spikes {p_spike}, drift {drift}, seed {seed}: {run:?}");
+                    let next = w.run(&mut p, 200);
+                    if next.all < 75 {
+                        never.push(format!("{name}, then {next:?}"));
+                    }
+                    late.push(name);
                 }
             }
         }
-        assert!(failed.is_empty(), "{failed:#?}");
-        assert!(all * 100 >= steps * 95, "drafted for all in {all} of {steps} steps");
+        assert!(never.is_empty(), "{never:#?}");
+        assert!(late.len() <= 6, "{late:#?}");
+        // the first ~15 steps learn: plain steps, then probes until a verify
+        // row's cost is measured (ten slopes)
+        assert!(all * 100 >= steps * 88, "drafted for all in {all} of {steps} steps");
     }
 
     #[test]
@@ -908,7 +1123,8 @@ mod tests {
         let w = World { draft_fixed: 0.008, ..gpu(4, 0.7) };
         let mut p = AdaptivePolicy::new(7);
         let run = w.run(&mut p, 200);
-        assert!(run.all >= 180, "{run:?}");
+        // plain steps, probes until a verify row's cost is measured, then all
+        assert!(run.all >= 175, "{run:?}");
         assert!(run.rate() > 1.8 * w.plain_rate(), "{:.2}x ({run:?})", run.rate() / w.plain_rate());
     }
 
@@ -918,7 +1134,7 @@ mod tests {
         for _ in 0..200 {
             p.acceptance.observe(&[0.5, 0.5], 2);
         }
-        p.plan = Plan::Probe { request: 0, n_max: PROBE_LEN };
+        p.plan = Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 };
         p.step_requests = 1;
         // a plain step would have taken 10 ms: 3 ms of draft decode and 2 ms of
         // verify rows more (a third of a 3-row verify of 6 ms)
@@ -954,18 +1170,20 @@ mod tests {
             })
             .collect();
         assert!(plans[..ARM_MIN_STEPS as usize].iter().all(|&x| x == Plan::Plain), "{plans:?}");
-        assert_eq!(plans[ARM_MIN_STEPS as usize], Plan::Probe { request: 0, n_max: PROBE_LEN });
+        assert_eq!(plans[ARM_MIN_STEPS as usize], Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 });
         // a probe keeps a token at least, whatever the model says
         p.acceptance.observe(&[0.3; 7], 0);
         assert_eq!(p.keep(&[0.3, 0.3]), 2);
         let mut q = p.clone();
-        q.verify_cost.slope = Some(1.0);
+        (q.verify_cost.slope, q.verify_cost.n_slopes) = (Some(1.0), 2 * SLOPE_MIN as usize);
         q.rate.add(1000.0);
         assert_eq!(q.keep(&[0.3, 0.3]), 1);
+        // while a verify row's cost is learned a plain step follows each probe;
         // the next probe (budget permitting) is the next sequence's
         p.loss = -1.0;
-        let plan = p.begin_step(t0 + Duration::from_millis(60), 3);
-        assert_eq!(plan, Plan::Probe { request: 1, n_max: PROBE_LEN });
+        assert_eq!(p.begin_step(t0 + Duration::from_millis(60), 3), Plan::Plain);
+        let plan = p.begin_step(t0 + Duration::from_millis(70), 3);
+        assert_eq!(plan, Plan::Probe { request: 1, n_max: PROBE_LEN, rows: PROBE_LEN + 1 });
         assert_eq!(plan.cap(0, 7), 0);
         assert_eq!(plan.cap(1, 7), PROBE_LEN);
         assert_eq!(plan.cap(1, 1), 1);

@@ -152,7 +152,7 @@ impl Engine {
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
         }
-        let width = caps.iter().max().map_or(0, |&c| if c > 0 { c + 1 } else { 0 });
+        let width = plan.block_rows(caps.iter().copied().max().unwrap_or(0));
         if width > 0 {
             self.flush()?;
         }
