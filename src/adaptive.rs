@@ -266,14 +266,15 @@ struct DraftingStep {
 }
 
 /// A time against a row count as a + b * rows. The level is a running mean;
-/// the slope b is a low quantile of the last slopes between neighbouring runs
-/// of observations of one row count (each run's running mean; the run going
-/// on counts as it stands). Neighbours share the machine's load (a slope
-/// against a mean of older decodes reads a machine slowed down since as the
-/// cost of rows), and one decode slowed down alone spoils the two slopes of
-/// its run among five at least, not the fit (as it would a least-squares
-/// slope from three probes); a machine only ever slows decodes down, so
-/// spoiled slopes lie mostly above the others.
+/// the slope b is the median of the last slopes between neighbouring runs of
+/// observations of one row count (each run's running mean; the run going on
+/// counts as it stands). Neighbours share the machine's load (a slope against
+/// a mean of older decodes reads a machine slowed down since as the cost of
+/// rows), and one decode slowed down alone spoils the two slopes of its run
+/// among five at least, not the fit (as it would a least-squares slope from
+/// three probes). Not a lower quantile, though slowed-down decodes mostly
+/// spoil slopes upwards: where rows are dear, a cost read too low is the
+/// expensive error (full blocks verified every step).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CostModel {
     n: Mean,
@@ -285,16 +286,16 @@ pub struct CostModel {
     /// the slopes of runs that ended (a ring)
     slopes: [f64; SLOPES],
     n_slopes: usize,
-    /// The SLOPE_QUANTILE of the slopes (with the run going on's) once
-    /// SLOPE_MIN were seen; kept while every observation has the same row
+    /// The median of the slopes (with the run going on's) once SLOPE_MIN
+    /// were seen; kept while every observation has the same row
     /// count (drafting off: the cost of a row does not fade).
     slope: Option<f64>,
 }
 
-/// The quantile of the slopes taken (spikes only slow decodes down).
+/// The quantile of the slopes taken: the median (see `CostModel`).
 const SLOPE_QUANTILE: f64 = 0.5;
 
-/// Slopes between runs that the slope's quantile spans.
+/// Slopes between runs that the slope's median spans.
 const SLOPES: usize = 16;
 
 impl CostModel {
