@@ -286,17 +286,28 @@ pub struct CostModel {
     /// the slopes of runs that ended (a ring)
     slopes: [f64; SLOPES],
     n_slopes: usize,
+    /// Whether the ended slopes settle the slope (see `settled`).
+    settled: bool,
     /// The median of the slopes (with the run going on's) once SLOPE_MIN
     /// were seen; kept while every observation has the same row
     /// count (drafting off: the cost of a row does not fade).
     slope: Option<f64>,
 }
 
-/// The quantile of the slopes taken: the median (see `CostModel`).
-const SLOPE_QUANTILE: f64 = 0.5;
-
 /// Slopes between runs that the slope's median spans.
 const SLOPES: usize = 16;
+
+/// The median of sorted values (not empty).
+fn median(sorted: &[f64]) -> f64 {
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 { sorted[mid] } else { 0.5 * (sorted[mid - 1] + sorted[mid]) }
+}
+
+/// Sorted slopes agree when their middle half lies within half their median.
+fn agree(sorted: &[f64]) -> bool {
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    at(0.75) - at(0.25) <= 0.5 * at(0.5).abs()
+}
 
 impl CostModel {
     pub fn observe(&mut self, rows: usize, seconds: f64) {
@@ -320,13 +331,20 @@ impl CostModel {
                 self.runs = [Some((rows, mean)), self.runs[0]];
             }
         }
-        let ended = self.slopes[..self.n_slopes.min(SLOPES)].iter().copied();
-        let mut recent: Vec<f64> = ended.chain(self.run_slope()).collect();
-        if recent.len() >= SLOPE_MIN as usize {
-            recent.sort_by(f64::total_cmp);
-            let q = (recent.len() - 1) as f64 * SLOPE_QUANTILE;
-            let (lo, hi) = (recent[q.floor() as usize], recent[q.ceil() as usize]);
-            self.slope = Some((lo + (hi - lo) * q.fract()).max(0.0));
+        // slopes change only here: sorted once per observation, on the stack
+        let n = self.n_slopes.min(SLOPES);
+        let mut sorted = [0.0; SLOPES + 1];
+        sorted[..n].copy_from_slice(&self.slopes[..n]);
+        sorted[..n].sort_by(f64::total_cmp);
+        self.settled = n >= 2 * SLOPE_MIN as usize || (n >= SLOPE_MIN as usize && agree(&sorted[..n]));
+        let mut len = n;
+        if let Some(ongoing) = self.run_slope() {
+            sorted[len] = ongoing;
+            len += 1;
+            sorted[..len].sort_by(f64::total_cmp);
+        }
+        if len >= SLOPE_MIN as usize {
+            self.slope = Some(median(&sorted[..len]).max(0.0));
         }
         self.count += 1.0;
         self.n.add(rows as f64);
@@ -340,20 +358,10 @@ impl CostModel {
     }
 
     /// Whether the slope rests on enough slopes that slowed-down decodes
-    /// (each spoiling two) cannot have set it: SLOPE_MIN that agree (their
-    /// middle half within half the median), or twice as many.
+    /// (each spoiling two) cannot have set it: SLOPE_MIN that agree, or twice
+    /// as many.
     pub fn settled(&self) -> bool {
-        let n = self.n_slopes.min(SLOPES);
-        if n >= 2 * SLOPE_MIN as usize {
-            return true;
-        }
-        if n < SLOPE_MIN as usize {
-            return false;
-        }
-        let mut recent = self.slopes[..n].to_vec();
-        recent.sort_by(f64::total_cmp);
-        let at = |q: f64| recent[((n - 1) as f64 * q).round() as usize];
-        at(0.75) - at(0.25) <= 0.5 * at(0.5).abs()
+        self.settled
     }
 
     /// Seconds per extra row, once rows have varied enough to tell.
@@ -1176,7 +1184,7 @@ mod tests {
         p.acceptance.observe(&[0.3; 7], 0);
         assert_eq!(p.keep(&[0.3, 0.3]), 2);
         let mut q = p.clone();
-        (q.verify_cost.slope, q.verify_cost.n_slopes) = (Some(1.0), 2 * SLOPE_MIN as usize);
+        (q.verify_cost.slope, q.verify_cost.settled) = (Some(1.0), true);
         q.rate.add(1000.0);
         assert_eq!(q.keep(&[0.3, 0.3]), 1);
         // while a verify row's cost is learned a plain step follows each probe;
