@@ -8,6 +8,8 @@
 #include "llama.h"
 #include "llama-ext.h"
 
+#include <dlfcn.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -67,14 +69,36 @@ ggml_backend_dev_t dflash2_shim_model_get_device(const llama_model * model, int3
     }
 }
 
-// Bytes the context holds over all buffer types: its model's weights, its
-// memory (KV cache) and its compute buffers, as llama_get_memory_breakdown
-// reports them. False when libllama throws.
-bool dflash2_shim_memory_breakdown(const llama_context * ctx, size_t * model, size_t * context, size_t * compute) {
+// The device libllama placed the model's output layer on (its head; the CPU
+// device when the head stays in host memory), or NULL when this libllama does
+// not export llama_model::dev_output. That member is C++-only and not declared
+// in any installed header, so it is looked up by its mangled name at run time
+// (a non-virtual member function takes `this` as its first argument): a
+// libllama without it still works, with the target's devices as the fallback.
+ggml_backend_dev_t dflash2_shim_model_dev_output(const llama_model * model) {
+    using dev_output_t = ggml_backend_dev_t (*)(const llama_model *);
+    static const dev_output_t dev_output = (dev_output_t) dlsym(RTLD_DEFAULT, "_ZNK11llama_model10dev_outputEv");
+    if (!dev_output || !model) {
+        return nullptr;
+    }
+    try {
+        return dev_output(model);
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+// Bytes the context holds in the buffer types of device `dev` (NULL: of every
+// device): its model's weights, its memory (KV cache) and its compute buffers,
+// as llama_get_memory_breakdown reports them. False when libllama throws.
+bool dflash2_shim_memory_breakdown(const llama_context * ctx, ggml_backend_dev_t dev, size_t * model, size_t * context,
+        size_t * compute) {
     try {
         *model = *context = *compute = 0;
         for (const auto & [buft, mb] : llama_get_memory_breakdown(ctx)) {
-            (void) buft;
+            if (dev && ggml_backend_buft_get_device(buft) != dev) {
+                continue;
+            }
             *model += mb.model;
             *context += mb.context;
             *compute += mb.compute;

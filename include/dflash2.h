@@ -24,7 +24,11 @@
 // 4: llama_spec_dflash2_tree_request gained temperature, draft_temperature
 // and seed (sampled trees; zero = the greedy tree as before, but the struct is
 // larger); llama_spec_dflash2_verify_tree_sampled_step, _verify_tree_sampled.
-#define LLAMA_SPEC_DFLASH2_API_VERSION 4
+// 5: the drafter's default devices are the device of the target's output head
+// (were: every device of the target); params.devices entries must be ggml
+// devices (else _INVALID_ARGUMENT); LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY when
+// that device reports too little free memory for the drafter.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 5
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -63,6 +67,9 @@ enum llama_spec_dflash2_status {
   LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED = -9,
   // A libllama call failed (model load, context creation, decode).
   LLAMA_SPEC_DFLASH2_ERR_BACKEND = -10,
+  // The device the drafter goes on reports less free memory than the drafter
+  // needs (the message gives both); nothing was allocated.
+  LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY = -11,
   // A bug in dflash2: a panic was caught at the C boundary.
   LLAMA_SPEC_DFLASH2_ERR_INTERNAL = -99,
 };
@@ -135,10 +142,17 @@ struct llama_spec_dflash2_params {
   // M-RoPE image rows, an `enum llama_spec_dflash2_image_rows` value:
   // inject at dense positions (default) or skip.
   int32_t image_rows;
-  // NULL-terminated list of devices for the drafter. NULL (default) = the
-  // devices that hold the target's output head and token embeddings.
+  // NULL-terminated list of devices for the drafter (ggml devices, else
+  // _INVALID_ARGUMENT; CPU devices are ignored, an empty list = the CPU only).
+  // NULL (default) = the device that holds the target's output head (the CPU
+  // when the head stays in host memory). A drafter without its own head must
+  // be given the head's device when the head is on one; a target split by
+  // tensor (-sm tensor) cannot serve such a drafter (_UNSUPPORTED). Init
+  // refuses with _OUT_OF_MEMORY when the chosen devices report less free
+  // memory than llama_spec_dflash2_estimate_memory.
   ggml_backend_dev_t *devices;
-  // Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all, default).
+  // Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all,
+  // default; other negative values are _INVALID_ARGUMENT).
   int32_t n_gpu_layers;
   // Draft KV cache types as `enum ggml_type` values; -1 (default) = F16.
   int32_t type_k;

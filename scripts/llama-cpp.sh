@@ -7,6 +7,10 @@
 #   scripts/llama-cpp.sh prefix   print the install prefix (whether built or not)
 #   scripts/llama-cpp.sh src      print the source tree path (whether fetched or not)
 #   scripts/llama-cpp.sh build-dir print the CMake build folder of the pinned build
+#   ... --backends LIST           (any command) the device backends of the build: `rpc`
+#                                 (default: CPU + ggml's RPC backend and its server
+#                                 PREFIX/bin/ggml-rpc-server) or `vulkan,rpc` (adds Vulkan;
+#                                 its shaders take long to build, see the README)
 #
 # Environment:
 #   DFLASH2_CACHE         cache root (default: ${XDG_CACHE_HOME:-$HOME/.cache}/dflash2)
@@ -18,6 +22,8 @@
 #                         info, built and cached beside the native one (prefix-rN-portable,
 #                         build-rN-portable). Valgrind runs the C tests against it
 #                         (scripts/sanitizers.sh valgrind): it cannot execute AVX-512 or AMX.
+#   DFLASH2_LLAMA_BACKENDS the same as --backends (the flag wins); every script that calls
+#                         this one (install, server, tools, tests) follows it.
 set -euo pipefail
 
 PIN_PACKAGE=llama-cpp-python
@@ -25,7 +31,8 @@ PIN_VERSION=0.3.36
 PIN_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
 # Bump RECIPE when the flags below change: it keys the cached build.
-RECIPE=1
+# r2: ggml's RPC backend (GGML_RPC) and its server in every build.
+RECIPE=2
 CMAKE_FLAGS=(
     -DCMAKE_BUILD_TYPE=Release
     -DBUILD_SHARED_LIBS=ON
@@ -37,8 +44,38 @@ CMAKE_FLAGS=(
     -DLLAMA_BUILD_APP=OFF
     -DLLAMA_OPENSSL=OFF
     -DGGML_NATIVE=ON
+    -DGGML_RPC=ON
     -DCMAKE_INSTALL_LIBDIR=lib
 )
+
+# --backends LIST, anywhere on the command line (the rest are the command)
+BACKENDS=${DFLASH2_LLAMA_BACKENDS:-rpc}
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --backends) BACKENDS=${2:?--backends needs a list}; shift 2 ;;
+        --backends=*) BACKENDS=${1#--backends=}; shift ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
+set -- ${args[@]+"${args[@]}"}
+VULKAN=0
+for backend in ${BACKENDS//,/ }; do
+    case "$backend" in
+        rpc|cpu) ;;
+        vulkan) VULKAN=1 ;;
+        *)
+            echo "[llama-cpp] unknown backend '$backend' in --backends $BACKENDS (known: rpc, vulkan; CPU and RPC are in every build)" >&2
+            exit 2
+            ;;
+    esac
+done
+# The pinned ggml-vulkan needs Vulkan headers >= 1.3.261 (VK_EXT_layer_settings);
+# Debian 12 ships 1.3.239. The headers of Debian 13's libvulkan-dev (pinned by
+# checksum) are unpacked into the cache and used with Debian 12's loader.
+VK_HEADERS_DEB=pool/main/v/vulkan-loader/libvulkan-dev_1.4.309.0-1_amd64.deb
+VK_HEADERS_SHA256=8d329d465e16168afff58b1bd0dd6db46aac2cc3f56054a481b25a04e90b345a
+
 VARIANT=${DFLASH2_LLAMA_VARIANT:-}
 case "$VARIANT" in
     "") ;;
@@ -55,8 +92,11 @@ case "$VARIANT" in
         exit 2
         ;;
 esac
-# the cached prefix and build folder are keyed by recipe and variant
+# the cached prefix and build folder are keyed by recipe, variant and backends
 SUFFIX="r${RECIPE}${VARIANT:+-$VARIANT}"
+if [ "$VULKAN" = 1 ]; then
+    SUFFIX="$SUFFIX-vulkan"
+fi
 
 cache_root() {
     echo "${DFLASH2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/dflash2}"
@@ -86,6 +126,14 @@ ensure_tools() {
     local missing=()
     command -v cmake >/dev/null || missing+=(cmake)
     command -v g++   >/dev/null || missing+=(g++)
+    if [ "$VULKAN" = 1 ]; then
+        # the Vulkan loader and headers, the shader compiler, and Mesa's llvmpipe: a
+        # Vulkan device (type CPU) on machines without a GPU
+        command -v glslc >/dev/null || missing+=(glslc)
+        [ -f /usr/include/vulkan/vulkan.h ] || missing+=(libvulkan-dev)
+        ls /usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake >/dev/null 2>&1 || missing+=(spirv-headers)
+        ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
+    fi
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing missing tools: ${missing[*]}"
         if [ "$(id -u)" = 0 ]; then
@@ -125,6 +173,28 @@ fetch_source() {
     touch "$src/.dflash2-fetched"
 }
 
+vulkan_headers_dir() {
+    echo "$(pin_root)/vulkan-headers-1.4.309"
+}
+
+fetch_vulkan_headers() {
+    local dir deb
+    dir=$(vulkan_headers_dir)
+    [ -f "$dir/usr/include/vulkan/vulkan.hpp" ] && return
+    deb="$(pin_root)/download/$(basename "$VK_HEADERS_DEB")"
+    mkdir -p "$(pin_root)/download"
+    if [ ! -f "$deb" ] || ! echo "$VK_HEADERS_SHA256  $deb" | sha256sum -c --status; then
+        log "downloading Vulkan headers ($VK_HEADERS_DEB from deb.debian.org)"
+        curl -fsSL "http://deb.debian.org/debian/$VK_HEADERS_DEB" -o "$deb"
+    fi
+    if ! echo "$VK_HEADERS_SHA256  $deb" | sha256sum -c --status; then
+        log "checksum mismatch for $deb (expected $VK_HEADERS_SHA256)"
+        exit 1
+    fi
+    rm -rf "$dir"
+    dpkg-deb -x "$deb" "$dir"
+}
+
 build_dir() {
     echo "$(pin_root)/build-${SUFFIX}"
 }
@@ -140,6 +210,10 @@ build_install() {
     rm -rf "$build" "$prefix"
     local generator=()
     command -v ninja >/dev/null && generator=(-G Ninja)
+    if [ "$VULKAN" = 1 ]; then
+        fetch_vulkan_headers
+        CMAKE_FLAGS+=(-DGGML_VULKAN=ON -DVulkan_INCLUDE_DIR="$(vulkan_headers_dir)/usr/include")
+    fi
     cmake -S "$src" -B "$build" "${generator[@]}" "${CMAKE_FLAGS[@]}" \
         -DCMAKE_INSTALL_PREFIX="$prefix" -DCMAKE_INSTALL_RPATH="$prefix/lib" >&2
     cmake --build "$build" -j "$jobs" >&2
@@ -150,7 +224,12 @@ build_install() {
     cp "$src/src/llama-ext.h" "$prefix/include/"
     mkdir -p "$prefix/include/llama-common"
     cp "$src/common/"*.h "$prefix/include/llama-common/"
-    echo "llama-cpp-python==$PIN_VERSION recipe=$RECIPE${VARIANT:+ variant=$VARIANT} built_in_s=$(( $(date +%s) - start ))" > "$prefix/.dflash2-built"
+    # ggml's RPC server (a remote device for --rpc), built against the installed ggml
+    # without configuring llama.cpp's tools
+    mkdir -p "$prefix/bin"
+    g++ -O2 -std=c++17 "$src/tools/rpc/rpc-server.cpp" -I"$prefix/include" -L"$prefix/lib" \
+        -lggml -lggml-base -Wl,-rpath,"$prefix/lib" -pthread -o "$prefix/bin/ggml-rpc-server" >&2
+    echo "llama-cpp-python==$PIN_VERSION recipe=$RECIPE${VARIANT:+ variant=$VARIANT} backends=cpu,rpc$([ "$VULKAN" = 1 ] && echo ,vulkan) built_in_s=$(( $(date +%s) - start ))" > "$prefix/.dflash2-built"
     log "built in $(( $(date +%s) - start ))s"
 }
 
@@ -184,7 +263,7 @@ case "$cmd" in
             fetch_source
             exec 8>&-
         fi
-        exec 9>"$(pin_root)/.lock${VARIANT:+-$VARIANT}"
+        exec 9>"$(pin_root)/.lock-$SUFFIX"
         flock 9
         if [ ! -f "$(prefix_dir)/.dflash2-built" ]; then
             build_install
@@ -192,7 +271,7 @@ case "$cmd" in
         prefix_dir
         ;;
     *)
-        echo "usage: $0 [build|prefix|src|build-dir]" >&2
+        echo "usage: $0 [build|prefix|src|build-dir] [--backends rpc|vulkan,rpc]" >&2
         exit 2
         ;;
 esac

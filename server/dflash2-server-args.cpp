@@ -12,6 +12,7 @@ dflash2_server_options & dflash2_server_opts() {
 }
 
 bool dflash2_server_take_args(int & argc, char ** argv) {
+    dflash2_server_exit_on_backend_abort();
     dflash2_server_options & opts = dflash2_server_opts();
     int out = 1;
     for (int i = 1; i < argc; ++i) {

@@ -51,17 +51,19 @@ dflash2::params engine_params(const common_params & params, std::vector<ggml_bac
     p.type_v          = (int32_t) draft.cache_type_v;
     p.n_threads       = draft.cpuparams.n_threads > 0 ? draft.cpuparams.n_threads : 0;
     p.n_threads_batch = draft.cpuparams_batch.n_threads > 0 ? draft.cpuparams_batch.n_threads : 0;
-    p.n_gpu_layers    = draft.n_gpu_layers;
+    p.n_gpu_layers    = draft.n_gpu_layers < 0 ? -1 : draft.n_gpu_layers; // auto (-1) and all (-2): all
     p.use_extra_bufts = !params.no_extra_bufts;
 
-    // the list from llama.cpp's parser is NULL-terminated when non-empty
+    // -devd: llama.cpp's parser gives a NULL-terminated list, just { NULL } for
+    // `-devd none` (the drafter on the CPU); without -devd the engine places the
+    // drafter with the target's output head
     devices.clear();
-    for (ggml_backend_dev_t d : draft.devices) {
-        if (d) {
-            devices.push_back(d);
+    if (!draft.devices.empty()) {
+        for (ggml_backend_dev_t d : draft.devices) {
+            if (d) {
+                devices.push_back(d);
+            }
         }
-    }
-    if (!devices.empty()) {
         devices.push_back(nullptr);
         p.devices = devices.data();
     }

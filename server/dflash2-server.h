@@ -30,6 +30,11 @@
 // returns false with a message on stderr for a bad value
 bool dflash2_server_take_args(int & argc, char ** argv);
 
+// an RPC server that does not answer at start-up or goes away while serving
+// ends the server with a message and exit status 1 instead of SIGABRT (see
+// dflash2-server-faults.cpp); called first thing, before --rpc is parsed
+void dflash2_server_exit_on_backend_abort();
+
 // true when this configuration drafts through dflash2: a DFlash2 drafter with the
 // draft-dflash spec type (explicit or inferred from the GGUF), unless --spec-dflash2-upstream
 bool dflash2_server_routes(const common_params & params);

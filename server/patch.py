@@ -19,6 +19,7 @@ MARK = "// dflash2"
 SOURCES = [
     "dflash2-server-args.cpp",
     "dflash2-server-engine.cpp",
+    "dflash2-server-faults.cpp",
     "dflash2-server-hooks.cpp",
     "dflash2-server-init.cpp",
     "dflash2-server-report.cpp",

@@ -31,6 +31,9 @@ pub enum llama_spec_dflash2_status {
     LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED = -9,
     /// A libllama call failed (model load, context creation, decode).
     LLAMA_SPEC_DFLASH2_ERR_BACKEND = -10,
+    /// The device the drafter goes on reports less free memory than the drafter
+    /// needs (the message gives both); nothing was allocated.
+    LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY = -11,
     /// A bug in dflash2: a panic was caught at the C boundary.
     LLAMA_SPEC_DFLASH2_ERR_INTERNAL = -99,
 }
@@ -53,6 +56,7 @@ impl Status {
             LLAMA_SPEC_DFLASH2_ERR_INCOMPATIBLE => c"incompatible drafter",
             LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED => c"unsupported",
             LLAMA_SPEC_DFLASH2_ERR_BACKEND => c"backend error",
+            LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY => c"out of device memory",
             LLAMA_SPEC_DFLASH2_ERR_INTERNAL => c"internal error",
         }
     }
@@ -75,6 +79,7 @@ impl Status {
             LLAMA_SPEC_DFLASH2_ERR_INCOMPATIBLE,
             LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED,
             LLAMA_SPEC_DFLASH2_ERR_BACKEND,
+            LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY,
             LLAMA_SPEC_DFLASH2_ERR_INTERNAL,
         ]
         .into_iter()
@@ -116,6 +121,10 @@ impl Error {
 
     pub fn backend(message: impl Into<String>) -> Error {
         Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_BACKEND, message)
+    }
+
+    pub fn out_of_memory(message: impl Into<String>) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY, message)
     }
 
     pub fn invalid_state(message: impl Into<String>) -> Error {

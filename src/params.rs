@@ -67,10 +67,17 @@ pub struct llama_spec_dflash2_params {
     /// M-RoPE image rows, an `enum llama_spec_dflash2_image_rows` value:
     /// inject at dense positions (default) or skip.
     pub image_rows: i32,
-    /// NULL-terminated list of devices for the drafter. NULL (default) = the
-    /// devices that hold the target's output head and token embeddings.
+    /// NULL-terminated list of devices for the drafter (ggml devices, else
+    /// _INVALID_ARGUMENT; CPU devices are ignored, an empty list = the CPU only).
+    /// NULL (default) = the device that holds the target's output head (the CPU
+    /// when the head stays in host memory). A drafter without its own head must
+    /// be given the head's device when the head is on one; a target split by
+    /// tensor (-sm tensor) cannot serve such a drafter (_UNSUPPORTED). Init
+    /// refuses with _OUT_OF_MEMORY when the chosen devices report less free
+    /// memory than llama_spec_dflash2_estimate_memory.
     pub devices: *mut ggml_backend_dev_t,
-    /// Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all, default).
+    /// Drafter layers to offload, as llama_model_params.n_gpu_layers (-1 = all,
+    /// default; other negative values are _INVALID_ARGUMENT).
     pub n_gpu_layers: i32,
     /// Draft KV cache types as `enum ggml_type` values; -1 (default) = F16.
     pub type_k: i32,

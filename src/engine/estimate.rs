@@ -80,7 +80,18 @@ pub fn estimate_memory(
     n_ctx_seq: u32,
 ) -> Result<MemoryEstimate> {
     let ckpt = open_drafter(path, target)?;
-    let limits = limits(config, &ckpt)?;
+    estimate_for(&ckpt, target.map(|t| t.n_embd), config, n_ctx_seq)
+}
+
+/// The estimate for a drafter already opened and checked; `n_embd_target`
+/// None: the drafter's own n_embd.
+pub fn estimate_for(
+    ckpt: &Checkpoint,
+    n_embd_target: Option<u32>,
+    config: &Config,
+    n_ctx_seq: u32,
+) -> Result<MemoryEstimate> {
+    let limits = limits(config, ckpt)?;
     let size = context_size(config, &limits, n_ctx_seq)?;
     let hp = &ckpt.hparams;
     let (cells, streams) = kv_cells(size.n_ctx_seq as u64, config.n_seq as u64);
@@ -89,10 +100,9 @@ pub fn estimate_memory(
     let type_v = config.type_v.unwrap_or(GGML_TYPE_F16);
     let kv_row = row_bytes(type_k, n_embd_kv)? + row_bytes(type_v, n_embd_kv)?;
     let kv = hp.n_layer as u64 * cells * streams * kv_row;
-    let n_embd_target = target.map_or(hp.n_embd, |t| t.n_embd);
-    let n_feat = hp.target_layers.len() as u64 * n_embd_target as u64;
+    let n_feat = hp.target_layers.len() as u64 * n_embd_target.unwrap_or(hp.n_embd) as u64;
     let quantized_kv = type_k != GGML_TYPE_F16 || type_v != GGML_TYPE_F16;
-    let compute = compute_bytes(&ckpt, n_feat, size.n_ubatch as u64, cells, streams, quantized_kv);
+    let compute = compute_bytes(ckpt, n_feat, size.n_ubatch as u64, cells, streams, quantized_kv);
     Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute })
 }
 

@@ -15,6 +15,7 @@ mod draft_step;
 mod estimate;
 mod feed;
 mod memory;
+pub mod placement;
 mod row_queue;
 mod sampled;
 mod sequence;
@@ -32,7 +33,7 @@ use crate::adaptive::{AcceptanceModel, AdaptivePolicy};
 use crate::config::{Config, ImageRows, Walk};
 use crate::error::{Error, Result};
 use crate::log;
-use crate::sys::{Batch, DraftContext, DraftModel, MemoryUse, TargetContext};
+use crate::sys::{Batch, Device, DraftContext, DraftModel, MemoryUse, TargetContext};
 
 pub use estimate::{MemoryEstimate, estimate_memory};
 use sequence::Sequence;
@@ -178,7 +179,19 @@ impl Engine {
 
     /// What the draft model and context hold, as libllama reports it.
     pub fn memory_use(&self) -> Result<MemoryUse> {
-        self.ctx.memory_use().ok_or_else(|| Error::backend("libllama could not report the draft context's memory"))
+        self.memory_use_on(None)
+    }
+
+    /// What the draft context holds on one device (None: on all of them).
+    pub fn memory_use_on(&self, device: Option<&Device>) -> Result<MemoryUse> {
+        self.ctx
+            .memory_use(device)
+            .ok_or_else(|| Error::backend("libllama could not report the draft context's memory"))
+    }
+
+    /// The devices the drafter was placed on (empty: the CPU only).
+    pub fn draft_devices(&self) -> Vec<Device> {
+        self.model.devices()
     }
 
     /// Bytes of the drafter's weights (llama_model_size).

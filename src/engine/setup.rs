@@ -8,7 +8,12 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::log;
 use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
-use crate::sys::{ContextSetup, DraftContext, DraftModel, ModelLoad, TargetContext, ggml_backend_dev_t};
+use crate::sys::{
+    ContextSetup, Device, DraftContext, DraftModel, ModelLoad, TargetContext, ggml_backend_dev_t, registered_devices,
+};
+
+use super::estimate::estimate_for;
+use super::placement::{self, Placement, PlacementInput};
 
 /// Candidate ids travel through the lattice as f32, exact below 2^24.
 const MAX_VOCAB: u32 = 1 << 24;
@@ -56,30 +61,24 @@ pub fn limits(config: &Config, ckpt: &Checkpoint) -> Result<Limits> {
     Ok(Limits { block_size, n_max, n_min, p_min: config.p_min })
 }
 
-/// The drafter goes on the target's devices by default: a drafter that shares
-/// the target's output head and embeddings reads those tensors in its own graph,
-/// so its scheduler must have the device that holds them (the crash of upstream's
-/// drafter-on-another-GPU). Named devices must then include all of the target's.
-fn choose_devices(
-    named: Option<&[ggml_backend_dev_t]>,
-    ckpt: &Checkpoint,
-    target: &TargetContext,
-) -> Result<Vec<ggml_backend_dev_t>> {
-    let target_devices = target.devices();
-    let Some(named) = named else {
-        return Ok(target_devices);
-    };
-    let shares_target_tensors = !(ckpt.own_embd && ckpt.own_head);
-    if shares_target_tensors {
-        if let Some(missing) = target_devices.iter().find(|d| !named.contains(d)) {
-            return Err(Error::incompatible(format!(
-                "the drafter has no output head / token embeddings of its own and reads the target's, \
-                 but params.devices leaves out a device of the target ({missing:?}); name every target \
-                 device, or use a drafter with its own head"
-            )));
-        }
+/// The drafter's devices by the placement rule (`placement`), checked for room
+/// on them against the drafter's estimate.
+fn place_drafter(config: &Config, ckpt: &Checkpoint, target: &TargetContext, n_ctx_seq: u32) -> Result<Placement> {
+    let named =
+        config.devices.as_deref().map(|named| placement::resolve_named(named, &registered_devices())).transpose()?;
+    let placement = placement::choose(PlacementInput {
+        named,
+        reads_target_head: !(ckpt.own_embd && ckpt.own_head),
+        head: target.output_device(),
+        target_devices: &target.devices(),
+    })?;
+    // a drafter partly kept on the CPU (n_gpu_layers) needs less than the estimate there
+    if config.n_gpu_layers.is_none() {
+        let bytes = estimate_for(ckpt, Some(target.n_embd() as u32), config, n_ctx_seq)?.total();
+        placement::check_room(&placement.layers, Device::memory, bytes)?;
     }
-    Ok(named.to_vec())
+    log::info(&format!("drafter on {}", placement.describe()));
+    Ok(placement)
 }
 
 /// Everything an engine owns once created.
@@ -143,13 +142,15 @@ pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Se
     }
     let ckpt = open_drafter(path, Some(&target.facts()))?;
     let limits = limits(config, &ckpt)?;
-    let devices = choose_devices(config.devices.as_deref(), &ckpt, target)?;
+    let placement = place_drafter(config, &ckpt, target, target.n_ctx_seq())?;
     let size = context_size(config, &limits, target.n_ctx_seq())?;
 
+    let devices: Vec<ggml_backend_dev_t> = placement.layers.iter().map(|d| d.dev).collect();
     let model = DraftModel::load(
         path,
         &ModelLoad {
             devices: &devices,
+            head_device: placement.head.as_ref().map(|d| d.dev),
             n_gpu_layers: config.n_gpu_layers.map_or(-1, |n| n as i32),
             use_extra_bufts: config.use_extra_bufts,
         },

@@ -19,7 +19,11 @@ use crate::params::llama_spec_dflash2_params;
 /// 4: llama_spec_dflash2_tree_request gained temperature, draft_temperature
 /// and seed (sampled trees; zero = the greedy tree as before, but the struct is
 /// larger); llama_spec_dflash2_verify_tree_sampled_step, _verify_tree_sampled.
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 4;
+/// 5: the drafter's default devices are the device of the target's output head
+/// (were: every device of the target); params.devices entries must be ggml
+/// devices (else _INVALID_ARGUMENT); LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY when
+/// that device reports too little free memory for the drafter.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 5;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

@@ -4,13 +4,17 @@ use std::ffi::CString;
 use std::path::Path;
 use std::ptr::NonNull;
 
+use super::device::Device;
 use super::*;
 use crate::error::{Error, Result};
 
 /// How to load the drafter.
 pub struct ModelLoad<'a> {
-    /// Devices to place the drafter on; empty = CPU only.
+    /// Devices to place the drafter's layers on; empty = CPU only.
     pub devices: &'a [ggml_backend_dev_t],
+    /// A device for the drafter's scheduler that gets no layers (the target's
+    /// head the drafter reads, when it is elsewhere).
+    pub head_device: Option<ggml_backend_dev_t>,
     pub n_gpu_layers: i32,
     pub use_extra_bufts: bool,
 }
@@ -28,14 +32,22 @@ impl DraftModel {
         let cpath = CString::new(path.to_string_lossy().as_bytes())
             .map_err(|_| Error::invalid("draft path contains a NUL byte"))?;
         let mut devices: Vec<ggml_backend_dev_t> = load.devices.to_vec();
+        devices.extend(load.head_device);
         devices.push(std::ptr::null_mut());
+        // the layers' devices share the layers evenly, the head's device gets none
+        // SAFETY: plain query.
+        let mut split = vec![0.0f32; unsafe { llama_max_devices() }.max(devices.len())];
+        split[..load.devices.len()].fill(1.0);
         // SAFETY: default params are plain data; `devices` is NULL-terminated and
-        // outlives the load call.
+        // `split` holds llama_max_devices() values; both outlive the load call.
         let model = unsafe {
             let mut mp = llama_model_default_params();
             mp.devices = devices.as_mut_ptr();
-            mp.n_gpu_layers = load.n_gpu_layers;
-            mp.split_mode = if load.devices.len() > 1 { LLAMA_SPLIT_MODE_LAYER } else { LLAMA_SPLIT_MODE_NONE };
+            mp.n_gpu_layers = if load.devices.is_empty() { 0 } else { load.n_gpu_layers };
+            mp.split_mode = if devices.len() > 2 { LLAMA_SPLIT_MODE_LAYER } else { LLAMA_SPLIT_MODE_NONE };
+            if load.head_device.is_some() {
+                mp.tensor_split = split.as_ptr();
+            }
             mp.main_gpu = 0;
             mp.use_extra_bufts = load.use_extra_bufts;
             // read, not mapped: a drafter file truncated or rewritten on disk
@@ -61,6 +73,20 @@ impl DraftModel {
     pub fn n_embd(&self) -> usize {
         // SAFETY: live model.
         unsafe { llama_model_n_embd(self.model.as_ptr()) }.max(0) as usize
+    }
+
+    /// The devices libllama placed the drafter on (empty: the CPU only).
+    pub fn devices(&self) -> Vec<Device> {
+        let model = self.model.as_ptr();
+        // SAFETY: live model; indices below its count are its live devices.
+        unsafe {
+            let n = dflash2_shim_model_n_devices(model).max(0);
+            (0..n)
+                .map(|i| dflash2_shim_model_get_device(model, i))
+                .filter(|d| !d.is_null())
+                .map(|d| Device::describe(d))
+                .collect()
+        }
     }
 
     /// Bytes of the model's tensors (llama_model_size).
@@ -182,10 +208,13 @@ impl DraftContext {
         }
     }
 
-    pub fn memory_use(&self) -> Option<MemoryUse> {
+    /// What the context holds on `device` (None: on every device).
+    pub fn memory_use(&self, device: Option<&Device>) -> Option<MemoryUse> {
         let mut m = MemoryUse::default();
-        // SAFETY: live context; the out pointers are valid for the call.
-        let ok = unsafe { dflash2_shim_memory_breakdown(self.ctx.as_ptr(), &mut m.weights, &mut m.kv, &mut m.compute) };
+        let dev = device.map_or(std::ptr::null_mut(), |d| d.dev);
+        // SAFETY: live context; NULL or a live device; the out pointers are valid for the call.
+        let ok =
+            unsafe { dflash2_shim_memory_breakdown(self.ctx.as_ptr(), dev, &mut m.weights, &mut m.kv, &mut m.compute) };
         ok.then_some(m)
     }
 

@@ -7,11 +7,13 @@ mod bindings {
     include!(concat!(env!("OUT_DIR"), "/llama_bindings.rs"));
 }
 
+mod device;
 mod draft;
 mod model;
 mod target;
 
 pub use bindings::*;
+pub use device::{Device, DeviceKind, registered_devices};
 pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, MemoryUse, ModelLoad};
 pub use model::target_facts;
 pub use target::{TargetContext, TreeRoom};
@@ -25,8 +27,10 @@ unsafe extern "C" {
     pub fn dflash2_shim_model_dflash_selector_top_k(model: *const llama_model) -> i32;
     pub fn dflash2_shim_model_n_devices(model: *const llama_model) -> i32;
     pub fn dflash2_shim_model_get_device(model: *const llama_model, i: i32) -> ggml_backend_dev_t;
+    pub fn dflash2_shim_model_dev_output(model: *const llama_model) -> ggml_backend_dev_t;
     pub fn dflash2_shim_memory_breakdown(
         ctx: *const llama_context,
+        dev: ggml_backend_dev_t,
         model: *mut usize,
         context: *mut usize,
         compute: *mut usize,

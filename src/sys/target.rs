@@ -3,6 +3,7 @@
 
 use std::ptr::NonNull;
 
+use super::device::Device;
 use super::*;
 use crate::checkpoint::TargetFacts;
 
@@ -97,12 +98,28 @@ impl TargetContext {
     }
 
     /// Devices the target model uses (empty: CPU only).
-    pub fn devices(&self) -> Vec<ggml_backend_dev_t> {
+    pub fn devices(&self) -> Vec<Device> {
         let model = self.model();
-        // SAFETY: live model; indices below the count the model reports.
+        // SAFETY: live model; indices below the count the model reports are
+        // its live devices.
         unsafe {
             let n = dflash2_shim_model_n_devices(model).max(0);
-            (0..n).map(|i| dflash2_shim_model_get_device(model, i)).filter(|d| !d.is_null()).collect()
+            (0..n)
+                .map(|i| dflash2_shim_model_get_device(model, i))
+                .filter(|d| !d.is_null())
+                .map(|d| Device::describe(d))
+                .collect()
+        }
+    }
+
+    /// The device libllama put the target's output layer (its head) on: a CPU
+    /// device when the head stays in host memory, a meta device when the model
+    /// is split by tensor. None when this libllama does not say.
+    pub fn output_device(&self) -> Option<Device> {
+        // SAFETY: live model; a non-NULL result is one of its live devices.
+        unsafe {
+            let dev = dflash2_shim_model_dev_output(self.model());
+            (!dev.is_null()).then(|| Device::describe(dev))
         }
     }
 

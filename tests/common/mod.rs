@@ -2,6 +2,7 @@
 //! models in the linked libllama, calling the C API from Rust.
 #![allow(dead_code)]
 
+pub mod devices;
 pub mod reference;
 pub mod spec;
 pub mod target;

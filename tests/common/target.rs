@@ -67,7 +67,21 @@ impl Target {
 
     /// A context on the model at `path` with 2 threads and what `configure` sets.
     pub fn with_params(path: &Path, configure: impl FnOnce(&mut sys::llama_context_params)) -> Target {
-        let model = Model::load(path);
+        Target::on_model(Model::load(path), configure)
+    }
+
+    /// A context with `n_seq` sequences on a model already loaded (placed on devices).
+    pub fn with_model(model: Model, n_seq: u32, n_ctx: u32, n_batch: u32) -> Target {
+        Target::on_model(model, |cp| {
+            cp.n_ctx = n_ctx;
+            cp.n_batch = n_batch;
+            cp.n_ubatch = n_batch;
+            cp.n_seq_max = n_seq;
+            cp.kv_unified = n_seq == 1;
+        })
+    }
+
+    fn on_model(model: Model, configure: impl FnOnce(&mut sys::llama_context_params)) -> Target {
         unsafe {
             let mut cp = sys::llama_context_default_params();
             cp.n_threads = 2;

@@ -66,7 +66,14 @@ const char * host_args_usage() {
            "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
            "  --mmproj FILE     the target's multimodal projector GGUF\n"
            "  --target-min-ms D every target decode takes at least D ms (sleeping the rest): a stand-in for a big\n"
-           "                    memory-bound target, whose verify rows are nearly free (default 0: off)\n";
+           "                    memory-bound target, whose verify rows are nearly free (default 0: off)\n"
+           "  --rpc H:P[,H:P]   llama.cpp RPC servers: their devices are RPC0, RPC1, ... in order\n"
+           "  --device LIST     the target's devices (Vulkan0,RPC0,...; none = the CPU only; default: every GPU)\n"
+           "  -ngl, --n-gpu-layers N  target layers on the devices (default: all, the output layer included)\n"
+           "  -sm, --split-mode M     none, layer (default), row or tensor\n"
+           "  -ts, --tensor-split F,F share of each device\n"
+           "  --draft-device LIST     the drafter's devices (default: the device of the target's output head)\n"
+           "  --draft-ngl N     drafter layers on its devices (default: all)\n";
 }
 
 host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags) {
@@ -105,6 +112,22 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.target_min_ms = to_int(flag, value(), 0);
         } else if (flag == "--draft-temp") {
             a.params.draft_temp = to_temp(flag, value());
+        } else if (flag == "--rpc") {
+            a.params.rpc = value();
+        } else if (flag == "--device" || flag == "-dev") {
+            a.params.devices = value();
+        } else if (flag == "-ngl" || flag == "--n-gpu-layers") {
+            a.params.n_gpu_layers = to_int(flag, value(), 0);
+        } else if (flag == "-sm" || flag == "--split-mode") {
+            a.params.split_mode = value();
+            host_parse_split_mode(a.params.split_mode);
+        } else if (flag == "-ts" || flag == "--tensor-split") {
+            a.params.tensor_split = value();
+            host_parse_tensor_split(a.params.tensor_split);
+        } else if (flag == "--draft-device" || flag == "-devd") {
+            a.params.draft_devices = value();
+        } else if (flag == "--draft-ngl" || flag == "-ngld") {
+            a.params.draft_ngl = to_int(flag, value(), 0);
         } else if (flag == "--prompt") {
             a.prompts.push_back(value());
         } else if (flag == "--prompts") {

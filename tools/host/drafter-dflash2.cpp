@@ -5,8 +5,11 @@
 
 namespace {
 
-dflash2::params engine_params(const host_params & hp, int32_t walk) {
+dflash2::params engine_params(host_target & tgt, int32_t walk) {
+    const host_params & hp = tgt.params;
     dflash2::params params = dflash2::default_params();
+    params.devices         = tgt.draft_placement.list();
+    params.n_gpu_layers    = hp.draft_ngl;
     params.n_seq           = (uint32_t) hp.n_seq;
     params.n_max           = hp.n_max;
     params.n_threads       = hp.n_threads;
@@ -27,7 +30,7 @@ struct drafter_dflash2 : host_drafter {
     bool feed_only; // process() and seq_rm() only: drafts nothing, never calls draft() or accept()
 
     drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only)
-        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt.params, walk)), temp(tgt.params.temp),
+        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt, walk)), temp(tgt.params.temp),
           draft_temp(tgt.params.draft_temp), feed_only(feed_only) {}
 
     const char * name() const override { return "dflash2"; }

@@ -31,6 +31,17 @@ struct drafter_upstream : host_drafter {
         params.speculative.draft.n_max      = hp.n_max;
         params.speculative.draft.n_min      = 0;
         params.speculative.draft.p_min      = 0.0f;
+        // placement as llama-server's -dev / -ngl / -sm / -devd / -ngld give it
+        auto with_null = [](std::vector<ggml_backend_dev_t> d) { d.push_back(nullptr); return d; };
+        if (tgt.target_placement.has_devices) {
+            params.devices = with_null(tgt.target_placement.devices);
+        }
+        params.n_gpu_layers = hp.n_gpu_layers < 0 ? -2 : hp.n_gpu_layers;
+        params.split_mode   = tgt.target_placement.split_mode;
+        if (tgt.draft_placement.has_devices) {
+            params.speculative.draft.devices = with_null(tgt.draft_placement.devices);
+        }
+        params.speculative.draft.n_gpu_layers = hp.draft_ngl < 0 ? -2 : hp.draft_ngl;
 
         common_params params_dft = common_base_params_to_speculative(params);
         init = common_speculative_init_from_params(params_dft, tgt.model, tgt.ctx);

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "common.h"
+#include "devices.h"
 #include "llama.h"
 
 #include <cstdint>
@@ -43,6 +44,17 @@ struct host_params {
     int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
     float   draft_temp = -1.0f; // dflash2's sampled draft walk temperature (< 0: temp)
     int32_t target_min_ms = 0; // every target decode takes at least this long (a slow target whose rows are nearly free)
+
+    // placement, as llama.cpp's options name it: --rpc HOST:PORT,... registers
+    // remote devices; the target's --device / -ngl / -sm / -ts; the drafter's
+    // --draft-device / --draft-ngl (names resolved once the RPC servers are added)
+    std::string rpc;
+    std::string devices;          // "" libllama's default, "none" the CPU only
+    int32_t     n_gpu_layers = -1; // < 0: all
+    std::string split_mode   = "layer";
+    std::string tensor_split;
+    std::string draft_devices;     // "" the library's default (with the target's head)
+    int32_t     draft_ngl    = -1;
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
@@ -105,6 +117,9 @@ struct host_target {
     host_params         params;
 
     host_prompt_decoder * prompt_decoder = nullptr; // not owned; NULL: every prompt is plain tokens
+
+    host_placement target_placement;
+    host_placement draft_placement; // has_devices false: the drafter's default
 
     explicit host_target(const host_params & params);
     // another context on `other`'s model (not owned: `other` must outlive it)

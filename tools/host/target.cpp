@@ -27,6 +27,7 @@ void host_log_errors_only(enum ggml_log_level level, const char * text, void * u
 }
 
 void host_init_backend() {
+    host_exit_on_backend_abort();
     llama_log_set(host_log_errors_only, nullptr);
     llama_spec_dflash2_log_set(host_log_errors_only, nullptr);
     llama_backend_init();
@@ -41,7 +42,18 @@ std::vector<std::vector<llama_token>> host_tokenize_chats(const host_target & tg
 }
 
 host_target::host_target(const host_params & params) : params(params) {
+    host_add_rpc_servers(params.rpc);
+    target_placement.has_devices  = !params.devices.empty();
+    target_placement.devices      = host_parse_devices("--device", params.devices.empty() ? "none" : params.devices);
+    target_placement.n_gpu_layers = params.n_gpu_layers;
+    target_placement.split_mode   = host_parse_split_mode(params.split_mode);
+    target_placement.tensor_split = host_parse_tensor_split(params.tensor_split);
+    draft_placement.has_devices  = !params.draft_devices.empty();
+    draft_placement.devices      = host_parse_devices("--draft-device", params.draft_devices.empty() ? "none" : params.draft_devices);
+    draft_placement.n_gpu_layers = params.draft_ngl;
+
     llama_model_params mparams = llama_model_default_params();
+    target_placement.apply(mparams);
     // ggml's AMX repack path segfaults on some CPUs with this Q4_1 target
     mparams.use_extra_bufts = false;
     model = llama_model_load_from_file(params.path_target.c_str(), mparams);
@@ -54,6 +66,8 @@ host_target::host_target(const host_params & params) : params(params) {
 }
 
 host_target::host_target(const host_target & other, int) : params(other.params) {
+    target_placement = other.target_placement;
+    draft_placement  = other.draft_placement;
     model      = other.model;
     vocab      = other.vocab;
     n_vocab    = other.n_vocab;
@@ -142,6 +156,9 @@ void host_target::decode(common_batch & batch) {
     if (rc != 0) {
         throw std::runtime_error("target decode failed: " + std::to_string(rc));
     }
+    // a device backend returns before the decode is done: wait here, so the time
+    // counts as the target's and not as whatever reads its results first
+    llama_synchronize(ctx);
     if (params.target_min_ms > 0) {
         std::this_thread::sleep_until(start + std::chrono::milliseconds(params.target_min_ms));
     }
