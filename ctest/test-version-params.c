@@ -35,10 +35,23 @@ int main(void) {
     CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
 
     CHECK(llama_spec_dflash2_params_check(NULL) == LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT);
+    CHECK(llama_spec_dflash2_last_status() == LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT);
+
+    // init returns NULL: the status is the thread's last; a call that succeeds clears it
+    bad = params;
+    bad.n_gpu_layers = -5;
+    CHECK(llama_spec_dflash2_init(NULL, "x.gguf", bad) == NULL);
+    CHECK(llama_spec_dflash2_last_status() == LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT);
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llama_spec_dflash2_last_error(), "n_gpu_layers") != NULL);
+    CHECK(llama_spec_dflash2_last_status() == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(llama_spec_dflash2_params_check(&params) == LLAMA_SPEC_DFLASH2_OK);
+    CHECK(llama_spec_dflash2_last_status() == LLAMA_SPEC_DFLASH2_OK);
 
     CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_OK), "ok") == 0);
     CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_ERR_BAD_CHECKPOINT), "bad checkpoint") == 0);
     CHECK(strcmp(llama_spec_dflash2_status_name(12345), "unknown status") == 0);
+    CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY), "out of device memory") == 0);
 
     printf("version %s, api %u: ok\n", version, llama_spec_dflash2_api_version());
     return 0;

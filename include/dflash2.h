@@ -27,7 +27,8 @@
 // 5: the drafter's default devices are the device of the target's output head
 // (were: every device of the target); params.devices entries must be ggml
 // devices (else _INVALID_ARGUMENT); LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY when
-// that device reports too little free memory for the drafter.
+// that device reports too little free memory for the drafter;
+// llama_spec_dflash2_last_status (why init returned NULL).
 #define LLAMA_SPEC_DFLASH2_API_VERSION 5
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
@@ -398,6 +399,11 @@ int32_t llama_spec_dflash2_params_check(const struct llama_spec_dflash2_params *
 // dflash2 call succeeded). Owned by the library, valid until the thread's next
 // dflash2 call; never NULL.
 const char *llama_spec_dflash2_last_error(void);
+
+// Status of the last dflash2 call on the calling thread: 0 when it succeeded,
+// else the negative status it failed with (what a call that returns a pointer,
+// like llama_spec_dflash2_init, cannot return itself).
+int32_t llama_spec_dflash2_last_status(void);
 
 // A short name for a status code ("ok", "bad checkpoint", ...; "unknown status"
 // for codes this library does not return). Static storage; never NULL.

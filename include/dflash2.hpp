@@ -120,8 +120,7 @@ struct engine {
     engine(llama_context * ctx_tgt, const std::string & path_draft, const params & p = default_params())
         : ptr(llama_spec_dflash2_init(ctx_tgt, path_draft.c_str(), p)) {
         if (!ptr) {
-            const std::string message = llama_spec_dflash2_last_error();
-            throw error(init_status(ctx_tgt, path_draft, p), "init", message);
+            throw error(init_status(), "init", llama_spec_dflash2_last_error());
         }
     }
 
@@ -308,17 +307,10 @@ private:
     std::vector<int32_t>     n_drafted;
     std::vector<tree_node>   nodes;
 
-    // llama_spec_dflash2_init reports no status: find it from the checks init
-    // starts with (params, then the drafter against the target)
-    static int32_t init_status(llama_context * ctx_tgt, const std::string & path_draft, const params & p) {
-        if (!ctx_tgt) {
-            return LLAMA_SPEC_DFLASH2_ERR_NULL_ARGUMENT;
-        }
-        int32_t rc = llama_spec_dflash2_params_check(&p);
-        if (rc == LLAMA_SPEC_DFLASH2_OK) {
-            rc = llama_spec_dflash2_checkpoint_check(path_draft.c_str(), llama_get_model(ctx_tgt), nullptr);
-        }
-        return rc != LLAMA_SPEC_DFLASH2_OK ? rc : LLAMA_SPEC_DFLASH2_ERR_BACKEND;
+    // llama_spec_dflash2_init returns NULL; the status it failed with is the thread's last
+    static int32_t init_status() {
+        const int32_t rc = llama_spec_dflash2_last_status();
+        return rc != LLAMA_SPEC_DFLASH2_OK ? rc : LLAMA_SPEC_DFLASH2_ERR_INTERNAL;
     }
 };
 

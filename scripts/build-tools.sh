@@ -13,6 +13,6 @@ export DFLASH2_LLAMA_PREFIX
 prefix=$(scripts/install.sh "$out/prefix")
 # image prompts when libmtmd was built (scripts/server.sh build)
 cmake -S tools -B "$out/tools" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DCMAKE_BUILD_TYPE=Release \
-    -DDFLASH2_MTMD_LIB_DIR="$(pwd)/target/server/lib" -DDFLASH2_LLAMA_SRC="$(scripts/llama-cpp.sh src)" >&2
+    -DDFLASH2_MTMD_LIB_DIR="$(scripts/server.sh dir)/lib" -DDFLASH2_LLAMA_SRC="$(scripts/llama-cpp.sh src)" >&2
 cmake --build "$out/tools" -j 2 >&2
 echo "$out/tools"

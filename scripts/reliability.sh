@@ -4,10 +4,11 @@
 # check, state blobs and API call sequences against the fixture pair; then the
 # soak (tests/soak.rs), the Rust and C tests under AddressSanitizer, under
 # UBSan (C) and Rust's overflow / debug-assertion checks, the C tests under
-# valgrind memcheck (scripts/sanitizers.sh asan / ubsan / valgrind), and
-# llama-server under load and faults (tests/server/load_faults.py).
+# valgrind memcheck (scripts/sanitizers.sh asan / ubsan / valgrind),
+# llama-server under load and faults (tests/server/load_faults.py), and (not in
+# --quick) the device placements of scripts/devices.sh with the Vulkan build.
 #
-#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server,server-suite] [TARGET...]
+#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server,devices,server-suite] [TARGET...]
 #
 # --quick (part of scripts/test.sh, which CI runs on 2 cores): 60 s per fuzz
 # target, a 200-step soak, the API-surface Rust tests and the C tests but the
@@ -166,6 +167,13 @@ if [[ $skip != *,server,* ]]; then
     fi
     part server python3 -u tests/server/load_faults.py --server "$server" --target "$DFLASH2_SMOLLM2" \
         --draft "$drafter" --seconds $load_s --workdir "$root/target/server-load"
+fi
+# device backends: placements over RPC nodes on loopback and on the Vulkan build
+# (Mesa's llvmpipe), faults, -sm modes (scripts/devices.sh; its --quick part, the RPC
+# placements, runs in scripts/test.sh itself)
+if [[ $skip != *,devices,* ]] && [ $quick = 0 ]; then
+    summary_re="rows, .* failed checks"
+    part devices scripts/devices.sh
 fi
 # llama.cpp's own server tests without and with the drafter (scripts/llama-server-tests.sh
 # --all, over an hour on 2 busy cores: not in --quick; scripts/test.sh runs its probabilities subset)

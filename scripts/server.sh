@@ -7,10 +7,18 @@
 #
 #   scripts/server.sh build          build (incremental); prints the llama-server path
 #   scripts/server.sh run ARGS...    build, then run llama-server ARGS
+#   scripts/server.sh dir            print the install folder (bin/, lib/, prefix/)
+#
+# DFLASH2_LLAMA_BACKENDS=vulkan,rpc (see scripts/llama-cpp.sh) builds the server of
+# the Vulkan build into target/server-vulkan (set CARGO_TARGET_DIR apart as well,
+# or cargo rebuilds libdflash2 for each build in turn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-out="$root/target/server"
+case ",${DFLASH2_LLAMA_BACKENDS:-}," in
+    *,vulkan,*) out="$root/target/server-vulkan" ;;
+    *) out="$root/target/server" ;;
+esac
 
 ensure_patchelf() {
     command -v patchelf >/dev/null && return
@@ -62,13 +70,16 @@ case "${1:-build}" in
     build)
         build
         ;;
+    dir)
+        echo "$out"
+        ;;
     run)
         shift
         server=$(build)
         exec "$server" "$@"
         ;;
     *)
-        echo "usage: $0 build | run ARGS..." >&2
+        echo "usage: $0 build | run ARGS... | dir" >&2
         exit 2
         ;;
 esac

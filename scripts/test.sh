@@ -2,8 +2,9 @@
 # Runs every test of dflash2 on a fresh machine: builds (or reuses from the cache)
 # the pinned llama.cpp, fetches the real test target, checks formatting, lints,
 # the committed header, runs the Rust tests, installs the library and runs the C
-# tests through find_package(dflash2), the server tests, and the quick
-# reliability pass (scripts/reliability.sh --quick).
+# tests through find_package(dflash2), the server tests, the device placements
+# over RPC nodes (scripts/devices.sh --quick) and the quick reliability pass
+# (scripts/reliability.sh --quick).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -78,6 +79,9 @@ python3 tests/server/test_hybrid_vision.py --server "$server" --fixtures "$build
 
 step "llama.cpp's own server tests on probabilities, without and with the drafter"
 scripts/llama-server-tests.sh "$build/smollm2-dflash2-generated.gguf"
+
+step "device backends, quick: placements over RPC nodes on loopback, faults, -sm modes (scripts/devices.sh --quick)"
+scripts/devices.sh --quick
 
 step "exports of libdflash2.so"
 nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'

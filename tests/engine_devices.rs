@@ -204,18 +204,11 @@ fn device_params_that_cannot_be_met_are_refused_with_a_reason() {
     let path = smollm2();
     let drafter = smollm2_drafter(&path);
     let target = Target::with_model(Model::load_placed(&path, &all_layers(&rpc)), 1, 1024, 512);
-    let refused = |params: llama_spec_dflash2_params| -> (String, String) {
-        // the C face: NULL and the reason
+    // init returns NULL; the status and the reason are the thread's last
+    let refused = |params: llama_spec_dflash2_params| -> (i32, String) {
         let spec = unsafe { llama_spec_dflash2_init(target.ctx, cstr(&drafter).as_ptr(), params) };
         assert!(spec.is_null(), "init succeeded");
-        let message = last_error();
-        // the status behind it
-        let err = Config::from_c(&params, read_devices(params.devices))
-            .and_then(|config| {
-                Engine::new(unsafe { TargetContext::from_raw(target.ctx) }.unwrap(), &drafter, &config).map(|_| ())
-            })
-            .unwrap_err();
-        (format!("{:?}", err.status), message)
+        (llama_spec_dflash2_last_status(), last_error())
     };
 
     // a pointer that is not a ggml device
@@ -223,23 +216,22 @@ fn device_params_that_cannot_be_met_are_refused_with_a_reason() {
     let mut params = default_params(1);
     params.devices = bogus.as_mut_ptr();
     let (status, err) = refused(params);
-    assert_eq!(status, "LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT");
+    assert_eq!(status, status_code("INVALID_ARGUMENT"));
     assert!(err.contains("params.devices[0]") && err.contains(&names[0]), "{err}");
 
     // n_gpu_layers below -1 (-1 is "all")
     let mut params = default_params(1);
     params.n_gpu_layers = -5;
     let (status, err) = refused(params);
-    assert_eq!(status, "LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT");
+    assert_eq!(status, status_code("INVALID_ARGUMENT"));
     assert!(err.contains("n_gpu_layers"), "{err}");
 
     // more than the node has free: compute buffers for a huge ubatch
     let mut params = default_params(1);
     params.n_ubatch = 1 << 20;
     let (status, err) = refused(params);
-    assert_eq!(status, "LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY");
+    assert_eq!(status, status_code("OUT_OF_MEMORY"));
     assert!(err.contains("MiB free of") && err.contains(&names[0]), "{err}");
-    assert_eq!(status_code("OUT_OF_MEMORY"), -11);
 }
 
 /// Weights and draft KV on the drafter's device exactly as estimated, its
@@ -330,4 +322,64 @@ fn vulkan_plus_an_rpc_node_plus_the_cpu_layer_split_is_lossless() {
     drop(target);
     let (_, accepted) = lossless_on(Model::load_placed(&path, &split), &drafter, default_params(1));
     trained_drafter_accepts(&drafter, accepted);
+}
+
+/// Why a layer split over Vulkan, an RPC node and the CPU can make any
+/// speculative decoder differ from one-token-at-a-time decoding: the target
+/// itself is not batch-invariant there. Each greedy token of a one-row decode
+/// is decoded again inside 8-row verify batches; where the batch's argmax
+/// differs, it must be a near-tie (the two tokens' logits within 0.5 in the
+/// batch's own row), not a placement that breaks the target. Prints what it saw.
+#[test]
+#[ignore = "needs the Vulkan build of llama.cpp (scripts/devices.sh)"]
+fn vulkan_plus_an_rpc_node_plus_the_cpu_target_differs_by_batch_shape_only_on_near_ties() {
+    let server = RpcServer::start();
+    let names = add_rpc_server(&server);
+    let devices = [vulkan(), device(&names[0])];
+    let path = smollm2();
+    let split = Placement { devices: Some(&devices), n_gpu_layers: 20, split_mode: sys::LLAMA_SPLIT_MODE_LAYER };
+    let mut single = Target::with_model(Model::load_placed(&path, &split), 1, 1024, 512);
+    // a second context on the same model: not dropped as a Target, which would free the model
+    let mut batched = std::mem::ManuallyDrop::new(Target::with_model(Model(single.model.0), 1, 1024, 512));
+    let mut differing = Vec::new();
+    for prompt in chat_prompts(&single) {
+        single.seq_rm(0, -1, -1);
+        batched.seq_rm(0, -1, -1);
+        let rows: Vec<TRow> = prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
+            .collect();
+        let mut out = single.decode(&rows);
+        batched.decode(&rows);
+        while out.len() < 32 {
+            let pos = (prompt.len() + out.len() - 1) as i32;
+            out.extend(single.decode(&[TRow { seq: 0, token: *out.last().unwrap(), pos, logits: true }]));
+        }
+        for k in (0..out.len()).step_by(8) {
+            // [the token before, the next 7 greedy ones] at their positions: a verify batch
+            let first = (prompt.len() + k - 1) as i32;
+            let before = if k == 0 { *prompt.last().unwrap() } else { out[k - 1] };
+            let tokens: Vec<i32> = std::iter::once(before).chain(out[k..k + 7].iter().copied()).collect();
+            batched.seq_rm(0, first, -1);
+            let rows: Vec<TRow> = tokens
+                .iter()
+                .enumerate()
+                .map(|(j, &token)| TRow { seq: 0, token, pos: first + j as i32, logits: true })
+                .collect();
+            for (j, got) in batched.decode(&rows).into_iter().enumerate() {
+                if got != out[k + j] {
+                    let logits = unsafe {
+                        std::slice::from_raw_parts(sys::llama_get_logits_ith(batched.ctx, j as i32), batched.n_vocab)
+                    };
+                    differing.push((k + j, got, out[k + j], logits[got as usize] - logits[out[k + j] as usize]));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "tokens whose argmax in an 8-row batch differs from a one-row decode (index, batch, single, gap): {differing:?}"
+    );
+    assert!(differing.iter().all(|d| d.3 < 0.5), "{differing:?}");
+    unsafe { sys::llama_free(batched.ctx) };
 }

@@ -11,7 +11,7 @@
 //! llama_spec_dflash2_init", ...). They are reached only from those exports,
 //! which are `unsafe extern "C" fn`s: a Rust caller takes on the same contract.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
@@ -26,6 +26,7 @@ use crate::sys::{self, TargetContext, ggml_backend_dev_t, llama_context, llama_m
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_STATUS: Cell<i32> = const { Cell::new(0) };
 }
 
 // The thread's last error is reached with `try_with`: a host may call dflash2
@@ -36,6 +37,13 @@ fn set_last_error(err: &Error) {
     // interior NULs would truncate the C string; replace them
     let text = CString::new(err.message.replace('\0', " ")).unwrap_or_default();
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = text);
+    let _ = LAST_STATUS.try_with(|s| s.set(err.status as i32));
+}
+
+/// This thread's last status: 0 when its last dflash2 call succeeded (and once
+/// the thread is exiting).
+pub(super) fn last_status() -> i32 {
+    LAST_STATUS.try_with(Cell::get).unwrap_or(0)
 }
 
 /// Pointer to this thread's last error message; valid until the thread's next
@@ -57,6 +65,7 @@ fn panic_error(payload: Box<dyn std::any::Any + Send>) -> Error {
 /// last error and returned.
 fn run<T>(body: impl FnOnce() -> Result<T>) -> Result<T> {
     let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = CString::default());
+    let _ = LAST_STATUS.try_with(|s| s.set(0));
     let result = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|payload| Err(panic_error(payload)));
     if let Err(e) = &result {
         set_last_error(e);

@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_void};
 
-use super::boundary::{self, input, last_error_ptr};
+use super::boundary::{self, input, last_error_ptr, last_status};
 use crate::config::Config;
 use crate::error::Status;
 use crate::params::llama_spec_dflash2_params;
@@ -22,7 +22,8 @@ use crate::params::llama_spec_dflash2_params;
 /// 5: the drafter's default devices are the device of the target's output head
 /// (were: every device of the target); params.devices entries must be ggml
 /// devices (else _INVALID_ARGUMENT); LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY when
-/// that device reports too little free memory for the drafter.
+/// that device reports too little free memory for the drafter;
+/// llama_spec_dflash2_last_status (why init returned NULL).
 pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 5;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
@@ -58,6 +59,14 @@ pub unsafe extern "C" fn llama_spec_dflash2_params_check(params: *const llama_sp
 #[unsafe(no_mangle)]
 pub extern "C" fn llama_spec_dflash2_last_error() -> *const c_char {
     last_error_ptr()
+}
+
+/// Status of the last dflash2 call on the calling thread: 0 when it succeeded,
+/// else the negative status it failed with (what a call that returns a pointer,
+/// like llama_spec_dflash2_init, cannot return itself).
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_last_status() -> i32 {
+    last_status()
 }
 
 /// A short name for a status code ("ok", "bad checkpoint", ...; "unknown status"

@@ -31,13 +31,16 @@ pub struct RpcServer {
 }
 
 impl RpcServer {
-    /// Starts a server (one CPU thread) on a free port and waits until it accepts connections.
+    /// Starts a server on a free port, serving its CPU (one thread), and waits
+    /// until it accepts connections. The CPU device is named: the Vulkan build's
+    /// server would otherwise serve llvmpipe, and then dies of heap corruption
+    /// ("corrupted double-linked list") on its first graph (pinned build).
     pub fn start() -> RpcServer {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let binary = rpc_server_binary();
         assert!(binary.exists(), "{} is missing: build the pinned llama.cpp (GGML_RPC)", binary.display());
         let child = Command::new(&binary)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1"])
+            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-t", "1", "-d", "CPU"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -5,6 +5,7 @@
 
 #include "ggml-backend.h"
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -179,4 +180,8 @@ void exit_on_backend_abort(const char * message) {
 
 void host_exit_on_backend_abort() {
     ggml_set_abort_callback(exit_on_backend_abort);
+    // ggml-rpc writes to its sockets without MSG_NOSIGNAL: a write to a server that
+    // went away would end the tool by SIGPIPE before ggml-rpc sees the error
+    // (llama-server ignores SIGPIPE too)
+    signal(SIGPIPE, SIG_IGN);
 }

@@ -40,5 +40,6 @@ struct host_placement {
 
 // a ggml abort from the RPC backend (a server that went away or never answered)
 // ends the process with a message and exit code 1 instead of SIGABRT: the pinned
-// ggml-rpc aborts in its dispatcher thread, where nothing can catch it
+// ggml-rpc aborts in its dispatcher thread, where nothing can catch it. Also
+// ignores SIGPIPE, which a write to a lost RPC server raises first.
 void host_exit_on_backend_abort();
