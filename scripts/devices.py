@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,9 +124,14 @@ class Placement:
         env = dict(os.environ)
         if self.backend == "vulkan":
             env["GGML_VK_VISIBLE_DEVICES"] = "0"  # llvmpipe is a CPU-type device, skipped unless named
-            # Mesa 22.3's llvmpipe corrupts its heap (a double free in libvulkan_lvp.so) when two
-            # processes use one shader cache at once: each process role gets its own
-            env["MESA_SHADER_CACHE_DIR"] = os.path.join(ARGS.workdir, f"mesa-cache-{role}")
+            # each process role its own shader cache (two processes writing one at once is where
+            # Mesa 22.3 corrupted its heap), seeded from the benches' (compiling ggml-vulkan's
+            # pipelines for llvmpipe takes minutes)
+            cache = os.path.join(ARGS.workdir, f"mesa-cache-{role}")
+            seed = os.path.join(ARGS.workdir, "mesa-cache-bench")
+            if not os.path.isdir(cache) and os.path.isdir(seed):
+                shutil.copytree(seed, cache)
+            env["MESA_SHADER_CACHE_DIR"] = cache
         return env
 
     def bench_flags(self):

@@ -122,25 +122,50 @@ log() {
     echo "[llama-cpp] $*" >&2
 }
 
+apt_install() { # [apt-get options] packages...
+    local sudo_cmd=()
+    [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "$@" >&2
+}
+
 ensure_tools() {
     local missing=()
     command -v cmake >/dev/null || missing+=(cmake)
     command -v g++   >/dev/null || missing+=(g++)
     if [ "$VULKAN" = 1 ]; then
-        # the Vulkan loader and headers, the shader compiler, and Mesa's llvmpipe: a
-        # Vulkan device (type CPU) on machines without a GPU
+        # the Vulkan loader and headers, the shader compiler
         command -v glslc >/dev/null || missing+=(glslc)
         [ -f /usr/include/vulkan/vulkan.h ] || missing+=(libvulkan-dev)
         ls /usr/share/cmake/SPIRV-Headers/SPIRV-HeadersConfig.cmake >/dev/null 2>&1 || missing+=(spirv-headers)
-        ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 || missing+=(mesa-vulkan-drivers)
     fi
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing missing tools: ${missing[*]}"
-        if [ "$(id -u)" = 0 ]; then
-            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
-        else
-            sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
+        apt_install "${missing[@]}"
+    fi
+}
+
+# Mesa's llvmpipe: a Vulkan device (type CPU) on machines without a GPU. Mesa 22.3
+# (Debian 12) corrupts its heap in processes that hold two Vulkan contexts (a
+# target and a drafter: 4 crashes in 6 llama-server runs of llama.cpp's own
+# draft-dflash, 1 in 6 with dflash2); Mesa 25.0 (bookworm-backports) ran 15 of 15.
+ensure_llvmpipe() {
+    local version
+    version=$(dpkg-query -W -f '${Version}' mesa-vulkan-drivers 2>/dev/null || true)
+    if [ -n "$version" ] && dpkg --compare-versions "$version" ge 25; then
+        return
+    fi
+    if grep -q '^12' /etc/debian_version 2>/dev/null; then
+        log "installing Mesa's Vulkan drivers from bookworm-backports (llvmpipe of Mesa >= 25)"
+        if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            local list=/etc/apt/sources.list.d/dflash2-bookworm-backports.list
+            local line="deb http://deb.debian.org/debian bookworm-backports main"
+            if [ "$(id -u)" = 0 ]; then echo "$line" > "$list"; else echo "$line" | sudo tee "$list" >/dev/null; fi
         fi
+        apt_install -t bookworm-backports mesa-vulkan-drivers
+    else
+        log "installing Mesa's Vulkan drivers"
+        apt_install mesa-vulkan-drivers
     fi
 }
 
@@ -254,6 +279,10 @@ case "$cmd" in
             exit 0
         fi
         mkdir -p "$(pin_root)"
+        # a run-time need, checked on every call (a cached build on a fresh machine)
+        if [ "$VULKAN" = 1 ]; then
+            ensure_llvmpipe
+        fi
         # one build at a time per cache and variant, even with several clones running at
         # once (a variant's build does not hold up users of another, already built one)
         if [ ! -f "$(prefix_dir)/.dflash2-built" ]; then

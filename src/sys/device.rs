@@ -55,3 +55,20 @@ pub fn registered_devices() -> Vec<Device> {
     // SAFETY: indices below ggml's count are live devices.
     unsafe { (0..ggml_backend_dev_count()).map(|i| Device::describe(ggml_backend_dev_get(i))).collect() }
 }
+
+/// The devices libllama placed `model` on (empty: the CPU only).
+///
+/// # Safety
+/// `model` must be a live model.
+pub unsafe fn model_devices(model: *const llama_model) -> Vec<Device> {
+    // SAFETY: a live model (the caller's contract); indices below the count it
+    // reports are its live devices.
+    unsafe {
+        let n = dflash2_shim_model_n_devices(model).max(0);
+        (0..n)
+            .map(|i| dflash2_shim_model_get_device(model, i))
+            .filter(|d| !d.is_null())
+            .map(|d| Device::describe(d))
+            .collect()
+    }
+}

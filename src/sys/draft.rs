@@ -4,7 +4,7 @@ use std::ffi::CString;
 use std::path::Path;
 use std::ptr::NonNull;
 
-use super::device::Device;
+use super::device::{Device, model_devices};
 use super::*;
 use crate::error::{Error, Result};
 
@@ -77,16 +77,8 @@ impl DraftModel {
 
     /// The devices libllama placed the drafter on (empty: the CPU only).
     pub fn devices(&self) -> Vec<Device> {
-        let model = self.model.as_ptr();
-        // SAFETY: live model; indices below its count are its live devices.
-        unsafe {
-            let n = dflash2_shim_model_n_devices(model).max(0);
-            (0..n)
-                .map(|i| dflash2_shim_model_get_device(model, i))
-                .filter(|d| !d.is_null())
-                .map(|d| Device::describe(d))
-                .collect()
-        }
+        // SAFETY: live model.
+        unsafe { model_devices(self.model.as_ptr()) }
     }
 
     /// Bytes of the model's tensors (llama_model_size).

@@ -3,7 +3,7 @@
 
 use std::ptr::NonNull;
 
-use super::device::Device;
+use super::device::{Device, model_devices};
 use super::*;
 use crate::checkpoint::TargetFacts;
 
@@ -99,17 +99,8 @@ impl TargetContext {
 
     /// Devices the target model uses (empty: CPU only).
     pub fn devices(&self) -> Vec<Device> {
-        let model = self.model();
-        // SAFETY: live model; indices below the count the model reports are
-        // its live devices.
-        unsafe {
-            let n = dflash2_shim_model_n_devices(model).max(0);
-            (0..n)
-                .map(|i| dflash2_shim_model_get_device(model, i))
-                .filter(|d| !d.is_null())
-                .map(|d| Device::describe(d))
-                .collect()
-        }
+        // SAFETY: the model of a live context is live.
+        unsafe { model_devices(self.model()) }
     }
 
     /// The device libllama put the target's output layer (its head) on: a CPU

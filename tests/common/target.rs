@@ -56,11 +56,7 @@ impl Target {
     /// recurrent or hybrid target can roll back after a decode (0 = not at all).
     pub fn with_rs_seq(path: &Path, n_seq: u32, n_ctx: u32, n_batch: u32, n_rs_seq: u32) -> Target {
         Target::with_params(path, |cp| {
-            cp.n_ctx = n_ctx;
-            cp.n_batch = n_batch;
-            cp.n_ubatch = n_batch;
-            cp.n_seq_max = n_seq;
-            cp.kv_unified = n_seq == 1;
+            sized(cp, n_seq, n_ctx, n_batch);
             cp.n_rs_seq = n_rs_seq;
         })
     }
@@ -72,13 +68,7 @@ impl Target {
 
     /// A context with `n_seq` sequences on a model already loaded (placed on devices).
     pub fn with_model(model: Model, n_seq: u32, n_ctx: u32, n_batch: u32) -> Target {
-        Target::on_model(model, |cp| {
-            cp.n_ctx = n_ctx;
-            cp.n_batch = n_batch;
-            cp.n_ubatch = n_batch;
-            cp.n_seq_max = n_seq;
-            cp.kv_unified = n_seq == 1;
-        })
+        Target::on_model(model, |cp| sized(cp, n_seq, n_ctx, n_batch))
     }
 
     fn on_model(model: Model, configure: impl FnOnce(&mut sys::llama_context_params)) -> Target {
@@ -184,6 +174,16 @@ impl Target {
             toks
         }
     }
+}
+
+/// A context of `n_ctx` cells for `n_seq` sequences (one KV stream each, unified
+/// for one), batches of `n_batch` rows.
+fn sized(cp: &mut sys::llama_context_params, n_seq: u32, n_ctx: u32, n_batch: u32) {
+    cp.n_ctx = n_ctx;
+    cp.n_batch = n_batch;
+    cp.n_ubatch = n_batch;
+    cp.n_seq_max = n_seq;
+    cp.kv_unified = n_seq == 1;
 }
 
 impl Drop for Target {
