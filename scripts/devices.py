@@ -345,7 +345,9 @@ def server_rows(placement, rpc, n_prompts, n_predict, np_=1, tree=0, sampled=Fal
             note = f"T=0.8 request: verify {verify}, seed-reproducible {a == b}"
         log = spec.log_text()
         placed = re.findall(r"dflash2: drafter on (.*)", log)
-        note = "; ".join(x for x in [f"drafter on {placed[0].strip()}" if placed else "", note] if x)
+        reserved = re.findall(r"reserving ([\d.]+ MiB) per device for the dflash2 drafter", log)
+        note = "; ".join(x for x in [f"drafter on {placed[0].strip()}" if placed else "",
+                                     f"{reserved[0]} reserved per device" if reserved else "", note] if x)
     finally:
         codes = stop_all(servers)
         ref_rpc.__exit__()

@@ -10,7 +10,7 @@ mod common;
 
 use std::path::Path;
 
-use common::devices::{Placement, RpcServer, add_rpc_server, device, vulkan};
+use common::devices::{Placement, RpcServer, add_rpc_server, device, serial, vulkan};
 use common::spec::{Spec, default_params, generate, prefill};
 use common::target::{TRow, Target};
 use common::{Model, cstr, last_error, smollm2, smollm2_drafter, status_code};
@@ -110,6 +110,7 @@ fn trained_drafter_accepts(drafter: &Path, accepted: u64) {
 
 #[test]
 fn a_target_on_an_rpc_node_gets_its_drafter_there_and_stays_lossless() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     assert_eq!(names.len(), 1, "{names:?}");
@@ -128,6 +129,7 @@ fn a_target_on_an_rpc_node_gets_its_drafter_there_and_stays_lossless() {
 
 #[test]
 fn the_cpu_named_for_the_drafter_keeps_its_layers_and_reads_the_head_on_the_node() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     let rpc = [device(&names[0])];
@@ -157,6 +159,7 @@ fn the_cpu_named_for_the_drafter_keeps_its_layers_and_reads_the_head_on_the_node
 
 #[test]
 fn a_target_on_the_cpu_with_its_drafter_on_a_node_is_lossless() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     let mut list = [device(&names[0]), std::ptr::null_mut()];
@@ -179,6 +182,7 @@ fn a_target_on_the_cpu_with_its_drafter_on_a_node_is_lossless() {
 
 #[test]
 fn a_target_split_over_two_nodes_puts_the_drafter_with_the_last_layers() {
+    let _serial = serial();
     let (a, b) = (RpcServer::start(), RpcServer::start());
     let names: Vec<String> = [&a, &b].iter().flat_map(|s| add_rpc_server(s)).collect();
     let nodes: Vec<_> = names.iter().map(|n| device(n)).collect();
@@ -198,6 +202,7 @@ fn a_target_split_over_two_nodes_puts_the_drafter_with_the_last_layers() {
 
 #[test]
 fn device_params_that_cannot_be_met_are_refused_with_a_reason() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     let rpc = [device(&names[0])];
@@ -260,6 +265,7 @@ fn memory_matches_the_estimate_on(target: &Target, drafter: &Path, device_name: 
 
 #[test]
 fn memory_on_an_rpc_node_matches_the_estimate() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     let rpc = [device(&names[0])];
@@ -271,6 +277,7 @@ fn memory_on_an_rpc_node_matches_the_estimate() {
 #[test]
 #[ignore = "needs the Vulkan build of llama.cpp (scripts/devices.sh)"]
 fn vulkan_target_and_drafter_on_the_device_are_lossless_and_sized_as_estimated() {
+    let _serial = serial();
     let vk = [vulkan()];
     let path = smollm2();
     let drafter = smollm2_drafter(&path);
@@ -286,6 +293,7 @@ fn vulkan_target_and_drafter_on_the_device_are_lossless_and_sized_as_estimated()
 #[test]
 #[ignore = "needs the Vulkan build of llama.cpp (scripts/devices.sh)"]
 fn vulkan_target_with_the_drafter_on_the_cpu_and_the_reverse_are_lossless() {
+    let _serial = serial();
     let vk = [vulkan()];
     let path = smollm2();
     let drafter = smollm2_drafter(&path);
@@ -306,6 +314,7 @@ fn vulkan_target_with_the_drafter_on_the_cpu_and_the_reverse_are_lossless() {
 #[test]
 #[ignore = "needs the Vulkan build of llama.cpp (scripts/devices.sh)"]
 fn vulkan_plus_an_rpc_node_plus_the_cpu_layer_split_is_lossless() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     let devices = [vulkan(), device(&names[0])];
@@ -333,6 +342,7 @@ fn vulkan_plus_an_rpc_node_plus_the_cpu_layer_split_is_lossless() {
 #[test]
 #[ignore = "needs the Vulkan build of llama.cpp (scripts/devices.sh)"]
 fn vulkan_plus_an_rpc_node_plus_the_cpu_target_differs_by_batch_shape_only_on_near_ties() {
+    let _serial = serial();
     let server = RpcServer::start();
     let names = add_rpc_server(&server);
     let devices = [vulkan(), device(&names[0])];

@@ -7,6 +7,7 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use dflash2::sys;
@@ -17,6 +18,18 @@ unsafe extern "C" {
     fn ggml_backend_reg_by_name(name: *const c_char) -> *mut c_void;
     fn ggml_backend_reg_get_proc_address(reg: *mut c_void, name: *const c_char) -> *mut c_void;
     fn ggml_backend_register(reg: *mut c_void);
+    fn ggml_backend_reg_dev_count(reg: *mut c_void) -> usize;
+    fn ggml_backend_reg_dev_get(reg: *mut c_void, index: usize) -> sys::ggml_backend_dev_t;
+}
+
+/// Held by every test that registers or places on devices: ggml's device
+/// registry is a plain vector (registering while another thread walks it is a
+/// data race), and a test must never place a model on another test's node,
+/// whose server dies with that test.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static DEVICES: Mutex<()> = Mutex::new(());
+    // a failed test poisons the lock; the registry it guards is still whole
+    DEVICES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// The RPC server of the llama.cpp build the tests link.
@@ -69,10 +82,10 @@ impl Drop for RpcServer {
 }
 
 /// Registers the server's devices with ggml (as llama.cpp's `--rpc` does) and
-/// returns their names (RPC0, RPC1, ... in the order servers are added).
+/// returns their names (RPC0, RPC1, ... in the order servers are added), read
+/// from the server's own registry entry.
 pub fn add_rpc_server(server: &RpcServer) -> Vec<String> {
     init_backend();
-    let before = device_names();
     unsafe {
         let reg = ggml_backend_reg_by_name(c"RPC".as_ptr());
         assert!(!reg.is_null(), "this llama.cpp build has no RPC backend");
@@ -83,8 +96,13 @@ pub fn add_rpc_server(server: &RpcServer) -> Vec<String> {
         let server_reg = add(endpoint.as_ptr());
         assert!(!server_reg.is_null(), "ggml_backend_rpc_add_server({})", server.endpoint);
         ggml_backend_register(server_reg);
+        (0..ggml_backend_reg_dev_count(server_reg))
+            .map(|i| {
+                let name = sys::ggml_backend_dev_name(ggml_backend_reg_dev_get(server_reg, i));
+                CStr::from_ptr(name).to_string_lossy().into_owned()
+            })
+            .collect()
     }
-    device_names().into_iter().filter(|n| !before.contains(n)).collect()
 }
 
 /// Names of every registered device.

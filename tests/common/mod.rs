@@ -48,8 +48,13 @@ pub fn smollm2_drafter(target: &Path) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("smol-drafter-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let drafter = dir.join("drafter.gguf");
+    // tests run on threads: one writes, the others wait and never see half a file
+    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _writing = WRITING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     if !drafter.exists() {
-        dflash2_fixtures::drafter_for_target(target, &drafter, &Default::default()).unwrap();
+        let partial = dir.join("drafter.gguf.partial");
+        dflash2_fixtures::drafter_for_target(target, &partial, &Default::default()).unwrap();
+        std::fs::rename(&partial, &drafter).unwrap();
     }
     drafter
 }
