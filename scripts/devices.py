@@ -488,7 +488,8 @@ def split_modes():
                     code = wait_exit(s.proc, 30)
                     s.log.close()
                     errs = [l for l in log_errors(s.log_text(), UPSTREAM_FIT_NOISE) if re.search(r" E ", l)]
-                    outcomes[name] = f"exit {code}: {errs[0].strip()[-240:] if errs else ''}"
+                    # the message, not its timestamp; long ones keep their start, which names the cause
+                    outcomes[name] = f"exit {code}: {errs[0].split(' E ', 1)[-1].strip()[:300] if errs else ''}"
         # dflash2 serves what the reference serves, or refuses at start-up with exit 1
         d = outcomes["dflash2"]
         ok = d.startswith("exit 1") or (d == outcomes["reference"] and d.startswith("serves"))
