@@ -1,0 +1,277 @@
+//! Sampled growth for lossless verification ([`sample_tree`]): children
+//! drawn from the drafter's q without replacement, kept with the q each
+//! parent's children were drawn from ([`SampledTree`]).
+
+use super::grow::{Frontier, Shape};
+use super::{Node, Tree, TreeLimits, slot};
+#[cfg(doc)]
+use super::{grow_tree, verify_sampled_tree};
+use crate::error::{Error, Result};
+use crate::sampling::{Dist, Rng, draw};
+use crate::selector::{Lattice, usable};
+
+/// A sampled tree and the draft distribution each parent's children were
+/// drawn from, for [`verify_sampled_tree`]. The default: no node (a tree not
+/// drafted, verified to its bonus token).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SampledTree {
+    pub(super) tree: Tree,
+    /// Per slot (0 the anchor, i + 1 node i): q's distinct token ids and
+    /// probabilities (f32, as the draws used them); empty when never computed.
+    pub(super) q: Vec<(Vec<i32>, Vec<f32>)>,
+}
+
+impl SampledTree {
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    /// The distribution `parent`'s children (None: the anchor's) are drawn
+    /// from, in draw order = tree order; None where none was computed (max
+    /// depth, no usable candidate, or cut by `p_min`).
+    pub fn q(&self, parent: Option<usize>) -> Option<Dist<'_>> {
+        let (ids, probs) = self.q.get(slot(parent))?;
+        (!ids.is_empty()).then_some(Dist::Sparse { ids, probs })
+    }
+}
+
+/// The random choices of sampling and verification, behind one interface so
+/// the tests can enumerate every outcome of the real code exactly.
+pub(super) trait Chance {
+    /// An index with probability weights[i] / sum (weights >= 0, sum > 0).
+    fn pick(&mut self, weights: &[f64]) -> usize;
+    /// true with probability p.
+    fn accept(&mut self, p: f64) -> bool;
+}
+
+impl Chance for Rng {
+    fn pick(&mut self, weights: &[f64]) -> usize {
+        let total: f64 = weights.iter().sum();
+        draw(weights.iter().copied().enumerate(), total, self)
+    }
+
+    fn accept(&mut self, p: f64) -> bool {
+        self.next_f64() < p
+    }
+}
+
+/// q(· | pred) at position p, computed exactly as `sampled_walk` computes it
+/// (so that a one-child sampled tree is the sampled walk, draw for draw).
+pub(super) struct RowQ {
+    /// Temperature-1 softmax at the first best usable candidate.
+    conf: f32,
+    /// Distinct tokens with q > 0 (f32), candidate order, and q.
+    pub(super) ids: Vec<i32>,
+    pub(super) probs: Vec<f32>,
+    /// Per candidate: its id if usable, and its weight (0 if unusable).
+    cand: Vec<Option<i32>>,
+    weight: Vec<f64>,
+}
+
+pub(super) fn row_q(lattice: &Lattice, p: usize, pred: usize, n_vocab: usize, t: f32) -> Option<RowQ> {
+    let scores = lattice.scores(p, pred);
+    let k = scores.len();
+    let cand: Vec<Option<i32>> = (0..k).map(|j| usable(lattice, p, scores, j, n_vocab)).collect();
+    let best = (0..k).filter(|&j| cand[j].is_some()).reduce(|b, j| if scores[b] < scores[j] { j } else { b })?;
+    let max = scores[best] as f64;
+    let exp_sum: f64 = (0..k).filter(|&j| cand[j].is_some()).map(|j| (scores[j] as f64 - max).exp()).sum();
+    let conf = (1.0 / exp_sum) as f32;
+    let weight: Vec<f64> = (0..k)
+        .map(|j| match cand[j] {
+            Some(_) if t == 0.0 => (j == best) as u8 as f64,
+            Some(_) => ((scores[j] as f64 - max) / t as f64).exp(),
+            None => 0.0,
+        })
+        .collect();
+    let total: f64 = weight.iter().sum();
+    let mut ids: Vec<i32> = Vec::with_capacity(k);
+    let mut mass: Vec<f64> = Vec::with_capacity(k);
+    for j in 0..k {
+        if let (Some(id), true) = (cand[j], weight[j] > 0.0) {
+            match ids.iter().position(|&x| x == id) {
+                Some(m) => mass[m] += weight[j],
+                None => {
+                    ids.push(id);
+                    mass.push(weight[j]);
+                }
+            }
+        }
+    }
+    let (ids, probs): (Vec<i32>, Vec<f32>) =
+        ids.into_iter().zip(mass.iter().map(|&m| (m / total) as f32)).filter(|e| e.1 > 0.0).unzip();
+    Some(RowQ { conf, ids, probs, cand, weight })
+}
+
+/// A parent during sampled growth.
+struct Parent {
+    depth: usize,
+    path: f64,
+    /// None: at max depth, no usable candidate, or cut by `p_min`.
+    row: Option<RowQ>,
+    drawn: Vec<bool>,
+}
+
+impl Parent {
+    /// Priority of the parent's next child: its path probability times the
+    /// expected q of the next draw (sum of q^2 / sum of q over what is left).
+    /// An expectation, not the drawn token: which children exist must not
+    /// depend on what they turn out to be.
+    fn priority(&self) -> Option<f64> {
+        let row = self.row.as_ref()?;
+        let left = row.probs.iter().zip(&self.drawn).filter(|e| !*e.1).map(|e| *e.0 as f64);
+        let (sum, sq) = left.fold((0.0, 0.0), |(s, q), x| (s + x, q + x * x));
+        (sum > 0.0).then(|| self.path * sq / sum)
+    }
+}
+
+/// A tree for lossless sampled verification: best-first like [`grow_tree`]
+/// but each child is drawn when its slot is popped, from q(· | parent) =
+/// softmax(S[a][·] / t_draft) over usable candidates (duplicates merged, as in
+/// `sampled_walk`) without the parent's earlier children. The slot's priority
+/// is the parent's path probability times the expected q of the next draw, so
+/// which children exist depends only on what was drawn before (see the module
+/// doc of `verify_sampled` for why that keeps verification lossless). The walk
+/// continues from the drawn candidate, among duplicates in proportion to their
+/// weights.
+///
+/// `t_draft = 0`: one-hot q, the greedy chain, no random number drawn. With
+/// [`TreeLimits::chain`] it is `sampled_walk` draw for draw. `n_min` has no
+/// counterpart: dropping a sampled draft for being short biases it.
+pub fn sample_tree(
+    lattice: &Lattice,
+    limits: TreeLimits,
+    n_vocab: usize,
+    t_draft: f32,
+    rng: &mut Rng,
+) -> Result<SampledTree> {
+    if !(t_draft.is_finite() && t_draft >= 0.0) {
+        return Err(Error::invalid(format!("draft temperature {t_draft} (must be finite and >= 0)")));
+    }
+    Ok(sample_tree_with(lattice, limits, n_vocab, t_draft, rng))
+}
+
+pub(super) fn sample_tree_with<C: Chance>(
+    lattice: &Lattice,
+    limits: TreeLimits,
+    n_vocab: usize,
+    t: f32,
+    chance: &mut C,
+) -> SampledTree {
+    let max_depth = limits.max_depth.min(lattice.n_rows().saturating_sub(1));
+    let open = |depth: usize, pred: usize, path: f64| {
+        let row = (depth < max_depth)
+            .then(|| row_q(lattice, depth + 1, pred, n_vocab, t))
+            .flatten()
+            .filter(|r| !(limits.p_min > 0.0 && r.conf < limits.p_min));
+        let drawn = vec![false; row.as_ref().map_or(0, |r| r.ids.len())];
+        Parent { depth, path, row, drawn }
+    };
+    let mut parents = vec![open(0, 0, 1.0)];
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut shape = Shape::new();
+    let mut frontier = Frontier::new();
+    if let Some(key) = parents[0].priority() {
+        frontier.push(key, 0usize);
+    }
+    while nodes.len() < limits.n_nodes {
+        let Some((_, s)) = frontier.pop() else { break };
+        if !shape.may_add(s, &limits) {
+            continue; // decided before the draw
+        }
+        let parent = &mut parents[s];
+        let row = parent.row.as_ref().expect("only parents with a row are pushed");
+        let m = if t == 0.0 {
+            0 // one-hot q
+        } else {
+            let w: Vec<f64> =
+                row.probs.iter().zip(&parent.drawn).map(|(&q, &d)| if d { 0.0 } else { q as f64 }).collect();
+            chance.pick(&w)
+        };
+        parent.drawn[m] = true;
+        let (token, prob) = (row.ids[m], row.probs[m]);
+        let dups: Vec<usize> =
+            (0..row.cand.len()).filter(|&j| row.cand[j] == Some(token) && row.weight[j] > 0.0).collect();
+        let candidate = if dups.len() == 1 {
+            dups[0]
+        } else {
+            dups[chance.pick(&dups.iter().map(|&j| row.weight[j]).collect::<Vec<_>>())]
+        };
+        let (depth, path) = (parent.depth + 1, parent.path * prob as f64);
+        shape.add(s);
+        if let Some(key) = parent.priority() {
+            frontier.push(key, s);
+        }
+        nodes.push(Node { token, parent: s as i32 - 1, depth, prob, path_prob: path as f32, candidate });
+        parents.push(open(depth, candidate, path));
+        if let Some(key) = parents[nodes.len()].priority() {
+            frontier.push(key, nodes.len());
+        }
+    }
+    let q = parents.into_iter().map(|p| p.row.map(|r| (r.ids, r.probs)).unwrap_or_default()).collect();
+    SampledTree { tree: Tree { nodes }, q }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::selector::{WalkLimits, sampled_walk};
+    use crate::tree::test_support::{check_invariants, random_block};
+
+    // ---- sampled trees with the real generator -----------------------------
+
+    #[test]
+    fn the_one_child_sampled_tree_is_the_sampled_walk_draw_for_draw() {
+        let mut rng = Rng::new(5);
+        for round in 0..2000u64 {
+            let (rows, n_embd, k) = random_block(&mut rng, 20, true);
+            let lat = Lattice::new(&rows, n_embd, k).unwrap();
+            let t = [0.0f32, 0.5, 1.0, 2.0][(round % 4) as usize];
+            let p_min = if round % 3 == 0 { 0.4 } else { 0.0 };
+            let (mut a, mut b) = (Rng::new(round), Rng::new(round));
+            let walk = sampled_walk(&lat, WalkLimits { n_max: 6, n_min: 0, p_min }, 20, t, &mut a).unwrap();
+            let tree = sample_tree(&lat, TreeLimits::chain(6, p_min), 20, t, &mut b).unwrap();
+            check_invariants(tree.tree());
+            assert_eq!(tree.tree().len(), walk.len());
+            for (i, (n, w)) in tree.tree().nodes().iter().zip(&walk).enumerate() {
+                assert_eq!((n.token, n.prob), (w.token, w.q_of(w.token)));
+                let Some(Dist::Sparse { ids, probs }) = tree.q(i.checked_sub(1)) else { panic!() };
+                assert_eq!((ids, probs), (&w.q_ids[..], &w.q_probs[..]));
+            }
+            assert_eq!(a, b, "same random numbers consumed");
+        }
+    }
+
+    #[test]
+    fn sampled_siblings_are_distinct_draws_and_zero_temperature_draws_nothing() {
+        let mut rng = Rng::new(6);
+        for _ in 0..1000 {
+            let (rows, n_embd, k) = random_block(&mut rng, 6, true);
+            let lat = Lattice::new(&rows, n_embd, k).unwrap();
+            let limits = TreeLimits {
+                n_nodes: (rng.next_u64() % 16) as usize,
+                max_depth: 8,
+                max_children: (rng.next_u64() % 3) as usize,
+                max_leaves: (rng.next_u64() % 4) as usize,
+                p_min: 0.0,
+            };
+            let s = sample_tree(&lat, limits, 6, 0.8, &mut rng).unwrap();
+            check_invariants(s.tree());
+            assert!(s.tree().len() <= limits.n_nodes);
+            assert!(limits.max_leaves == 0 || s.tree().leaves().len() <= limits.max_leaves);
+            for (i, n) in s.tree().nodes().iter().enumerate() {
+                let Some(Dist::Sparse { ids, probs }) = s.q(n.parent()) else { panic!() };
+                let j = ids.iter().position(|&t| t == n.token).unwrap();
+                assert_eq!(probs[j], n.prob);
+                let parent = n.parent().map_or(1.0, |p| s.tree().nodes()[p].path_prob);
+                assert!((n.path_prob - parent * n.prob).abs() <= 1e-6 * parent, "{i}");
+            }
+            let before = rng.clone();
+            let g = sample_tree(&lat, limits, 6, 0.0, &mut rng).unwrap();
+            assert_eq!(rng, before);
+            assert!(g.tree().children_by_slot().iter().all(|c| c.len() <= 1));
+        }
+        assert!(
+            sample_tree(&Lattice::new(&[0.0; 13], 13, 3).unwrap(), TreeLimits::tree(4, 4), 6, -1.0, &mut rng).is_err()
+        );
+    }
+}
