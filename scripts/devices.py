@@ -126,9 +126,10 @@ class Placement:
             env["GGML_VK_VISIBLE_DEVICES"] = "0"  # llvmpipe is a CPU-type device, skipped unless named
             # each process role its own shader cache (two processes writing one at once is where
             # Mesa 22.3 corrupted its heap), seeded from the benches' (compiling ggml-vulkan's
-            # pipelines for llvmpipe takes minutes)
-            cache = os.path.join(ARGS.workdir, f"mesa-cache-{role}")
-            seed = os.path.join(ARGS.workdir, "mesa-cache-bench")
+            # pipelines for llvmpipe takes minutes); beside the logs, which each run starts afresh,
+            # so that only a machine's first run pays for the compiles
+            caches = os.path.join(os.path.dirname(os.path.abspath(ARGS.workdir)), "mesa-cache")
+            cache, seed = os.path.join(caches, role), os.path.join(caches, "bench")
             if not os.path.isdir(cache) and os.path.isdir(seed):
                 shutil.copytree(seed, cache)
             env["MESA_SHADER_CACHE_DIR"] = cache
