@@ -130,6 +130,7 @@ class Placement:
             # so that only a machine's first run pays for the compiles
             caches = os.path.join(os.path.dirname(os.path.abspath(ARGS.workdir)), "mesa-cache")
             cache, seed = os.path.join(caches, role), os.path.join(caches, "bench")
+            os.makedirs(caches, exist_ok=True)  # Mesa makes the cache's own folder, not its parents
             if not os.path.isdir(cache) and os.path.isdir(seed):
                 shutil.copytree(seed, cache)
             env["MESA_SHADER_CACHE_DIR"] = cache
