@@ -126,8 +126,8 @@ class Placement:
             env["GGML_VK_VISIBLE_DEVICES"] = "0"  # llvmpipe is a CPU-type device, skipped unless named
             # each process role its own shader cache (two processes writing one at once is where
             # Mesa 22.3 corrupted its heap), seeded from the benches' (compiling ggml-vulkan's
-            # pipelines for llvmpipe takes minutes); beside the logs, which each run starts afresh,
-            # so that only a machine's first run pays for the compiles
+            # pipelines for llvmpipe takes minutes); outside the logs folder, so that clearing the
+            # logs keeps them and only a machine's first run pays for the compiles
             caches = os.path.join(os.path.dirname(os.path.abspath(ARGS.workdir)), "mesa-cache")
             cache, seed = os.path.join(caches, role), os.path.join(caches, "bench")
             os.makedirs(caches, exist_ok=True)  # Mesa makes the cache's own folder, not its parents
