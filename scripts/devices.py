@@ -58,19 +58,13 @@ def row(**kw):
     print("  " + json.dumps(kw), flush=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RpcServer:
     """A ggml-rpc-server on 127.0.0.1 serving its CPU (one thread): a remote device.
     The CPU is named: the Vulkan build's server would serve llvmpipe, and dies of
     heap corruption ("corrupted double-linked list") on its first graph."""
 
     def __init__(self, name):
-        self.port = free_port()
+        self.port = ts.free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log_path = os.path.join(ARGS.workdir, f"rpc-{name}-{self.port}.log")
         self.log = open(self.log_path, "wb")
@@ -407,7 +401,7 @@ def fault_rpc_killed_under_the_server():
 
 
 def fault_rpc_unreachable_at_start():
-    port = free_port()  # nothing listens there
+    port = ts.free_port()  # nothing listens there
     p = Placement("rpc-unreachable", "rpc", 0, "")
     s = start("unreachable", ["--rpc", f"127.0.0.1:{port}", "-ngl", "99", "-md", ARGS.draft, "--spec-type",
                               "draft-dflash"], p)

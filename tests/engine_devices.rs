@@ -43,23 +43,31 @@ fn reference(model: &Model, prompts: &[Vec<i32>]) -> Vec<Vec<i32>> {
     prompts
         .iter()
         .map(|prompt| {
-            // a second context on the same model: not dropped as a Target, which would free the model
-            let mut t = std::mem::ManuallyDrop::new(Target::with_model(Model(model.0), 1, 1024, 512));
-            let rows: Vec<TRow> = prompt
-                .iter()
-                .enumerate()
-                .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
-                .collect();
-            let mut out = t.decode(&rows);
-            while out.len() < N_GEN {
-                let pos = (prompt.len() + out.len() - 1) as i32;
-                let next = t.decode(&[TRow { seq: 0, token: *out.last().unwrap(), pos, logits: true }]);
-                out.extend(next);
-            }
-            unsafe { sys::llama_free(t.ctx) };
-            out
+            with_second_context(model.0, |t| {
+                let rows: Vec<TRow> = prompt
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
+                    .collect();
+                let mut out = t.decode(&rows);
+                while out.len() < N_GEN {
+                    let pos = (prompt.len() + out.len() - 1) as i32;
+                    let next = t.decode(&[TRow { seq: 0, token: *out.last().unwrap(), pos, logits: true }]);
+                    out.extend(next);
+                }
+                out
+            })
         })
         .collect()
+}
+
+/// Runs `body` on a second one-sequence context of `model`, which stays owned
+/// by its first Target: the context is freed after, the model is not.
+fn with_second_context<R>(model: *mut sys::llama_model, body: impl FnOnce(&mut Target) -> R) -> R {
+    let mut t = std::mem::ManuallyDrop::new(Target::with_model(Model(model), 1, 1024, 512));
+    let out = body(&mut t);
+    unsafe { sys::llama_free(t.ctx) };
+    out
 }
 
 /// Names of the devices the drafter of an engine with `params` on `target` went on.
@@ -349,47 +357,51 @@ fn vulkan_plus_an_rpc_node_plus_the_cpu_target_differs_by_batch_shape_only_on_ne
     let path = smollm2();
     let split = Placement { devices: Some(&devices), n_gpu_layers: 20, split_mode: sys::LLAMA_SPLIT_MODE_LAYER };
     let mut single = Target::with_model(Model::load_placed(&path, &split), 1, 1024, 512);
-    // a second context on the same model: not dropped as a Target, which would free the model
-    let mut batched = std::mem::ManuallyDrop::new(Target::with_model(Model(single.model.0), 1, 1024, 512));
-    let mut differing = Vec::new();
-    for prompt in chat_prompts(&single) {
-        single.seq_rm(0, -1, -1);
-        batched.seq_rm(0, -1, -1);
-        let rows: Vec<TRow> = prompt
-            .iter()
-            .enumerate()
-            .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
-            .collect();
-        let mut out = single.decode(&rows);
-        batched.decode(&rows);
-        while out.len() < 32 {
-            let pos = (prompt.len() + out.len() - 1) as i32;
-            out.extend(single.decode(&[TRow { seq: 0, token: *out.last().unwrap(), pos, logits: true }]));
-        }
-        for k in (0..out.len()).step_by(8) {
-            // [the token before, the next 7 greedy ones] at their positions: a verify batch
-            let first = (prompt.len() + k - 1) as i32;
-            let before = if k == 0 { *prompt.last().unwrap() } else { out[k - 1] };
-            let tokens: Vec<i32> = std::iter::once(before).chain(out[k..k + 7].iter().copied()).collect();
-            batched.seq_rm(0, first, -1);
-            let rows: Vec<TRow> = tokens
+    let prompts = chat_prompts(&single);
+    let differing = with_second_context(single.model.0, |batched| {
+        let mut differing = Vec::new();
+        for prompt in prompts {
+            single.seq_rm(0, -1, -1);
+            batched.seq_rm(0, -1, -1);
+            let rows: Vec<TRow> = prompt
                 .iter()
                 .enumerate()
-                .map(|(j, &token)| TRow { seq: 0, token, pos: first + j as i32, logits: true })
+                .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
                 .collect();
-            for (j, got) in batched.decode(&rows).into_iter().enumerate() {
-                if got != out[k + j] {
-                    let logits = unsafe {
-                        std::slice::from_raw_parts(sys::llama_get_logits_ith(batched.ctx, j as i32), batched.n_vocab)
-                    };
-                    differing.push((k + j, got, out[k + j], logits[got as usize] - logits[out[k + j] as usize]));
+            let mut out = single.decode(&rows);
+            batched.decode(&rows);
+            while out.len() < 32 {
+                let pos = (prompt.len() + out.len() - 1) as i32;
+                out.extend(single.decode(&[TRow { seq: 0, token: *out.last().unwrap(), pos, logits: true }]));
+            }
+            for k in (0..out.len()).step_by(8) {
+                // [the token before, the next 7 greedy ones] at their positions: a verify batch
+                let first = (prompt.len() + k - 1) as i32;
+                let before = if k == 0 { *prompt.last().unwrap() } else { out[k - 1] };
+                let tokens: Vec<i32> = std::iter::once(before).chain(out[k..k + 7].iter().copied()).collect();
+                batched.seq_rm(0, first, -1);
+                let rows: Vec<TRow> = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &token)| TRow { seq: 0, token, pos: first + j as i32, logits: true })
+                    .collect();
+                for (j, got) in batched.decode(&rows).into_iter().enumerate() {
+                    if got != out[k + j] {
+                        let logits = unsafe {
+                            std::slice::from_raw_parts(
+                                sys::llama_get_logits_ith(batched.ctx, j as i32),
+                                batched.n_vocab,
+                            )
+                        };
+                        differing.push((k + j, got, out[k + j], logits[got as usize] - logits[out[k + j] as usize]));
+                    }
                 }
             }
         }
-    }
+        differing
+    });
     eprintln!(
         "tokens whose argmax in an 8-row batch differs from a one-row decode (index, batch, single, gap): {differing:?}"
     );
     assert!(differing.iter().all(|d| d.3 < 0.5), "{differing:?}");
-    unsafe { sys::llama_free(batched.ctx) };
 }
