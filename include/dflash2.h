@@ -29,10 +29,17 @@
 // devices (else _INVALID_ARGUMENT); LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY when
 // that device reports too little free memory for the drafter;
 // llama_spec_dflash2_last_status (why init returned NULL).
-#define LLAMA_SPEC_DFLASH2_API_VERSION 5
+// 6: n-gram branches in greedy tree drafts: params.ngram_branches (appended;
+// default on), llama_spec_dflash2_process_tokens (the prompt's tokens),
+// process_batch reads batch.token; stats gained n_ngram_nodes,
+// n_ngram_reached, n_ngram_accepted (appended).
+#define LLAMA_SPEC_DFLASH2_API_VERSION 6
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
+
+// Most n-gram branches per tree draft (params.ngram_branches).
+#define LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES 16
 
 // Most sequences one engine serves (n_seq); libllama's own limit is 256.
 #define LLAMA_SPEC_DFLASH2_MAX_SEQUENCES 256
@@ -167,6 +174,15 @@ struct llama_spec_dflash2_params {
   // Weight repacking (extra buffer types) for the drafter. Off by default:
   // ggml's AMX repack path segfaults on some CPUs.
   bool use_extra_bufts;
+  // N-gram branches: at most this many continuations of the sequence's own
+  // text (where its current suffix occurred before in the prompt or the
+  // answer) join each greedy tree draft as extra branches, verified in the
+  // same batch and priced by their measured acceptance. -1 (default) = 2;
+  // 0 = none; at most LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine
+  // learns the prompt's text from llama_spec_dflash2_process_tokens or
+  // process_batch (the generated text from its own drafts); chains and
+  // sampled trees have none.
+  int32_t ngram_branches;
 };
 
 // What a DFlash2 drafter checkpoint declares, filled by
@@ -308,7 +324,9 @@ struct llama_spec_dflash2_tree_node {
   // Edge probability: the lattice's softmax of this token given its parent
   // (the drafter's estimate that it is the target's argmax there). In a
   // sampled tree: q(token | parent), the probability the token was drawn
-  // with as its parent's first child (at the draft temperature).
+  // with as its parent's first child (at the draft temperature). A node only
+  // an n-gram branch proposed (params.ngram_branches): its measured
+  // acceptance given its parent's.
   float prob;
   // Product of the edge probabilities from the anchor down to this node; the
   // sum over nodes is the lattice's expectation of accepted tokens.
@@ -374,6 +392,12 @@ struct llama_spec_dflash2_stats {
   // Mean tokens per verify step, the bonus token included:
   // (n_accepted + n_verify_steps) / n_verify_steps; 0 before the first step.
   double tau;
+  // Tree nodes an n-gram branch proposed (params.ngram_branches; alone or
+  // with the lattice), those of them the target reached (their parent was
+  // accepted) and those it accepted (API version 6).
+  uint64_t n_ngram_nodes;
+  uint64_t n_ngram_reached;
+  uint64_t n_ngram_accepted;
 };
 
 #ifdef __cplusplus
@@ -504,6 +528,17 @@ void llama_spec_dflash2_free(struct llama_spec_dflash2 *spec);
 int32_t llama_spec_dflash2_process(struct llama_spec_dflash2 *spec,
                                    const struct llama_spec_dflash2_row *rows,
                                    int32_t n_rows);
+
+// llama_spec_dflash2_process with each row's token: `tokens[i]` (room for
+// `n_rows`) is the token row i decoded, negative for an embedding row or one
+// the host does not know; NULL = none known. The engine reads text for
+// n-gram branches (params.ngram_branches) from the tokens of committed rows:
+// pass them for prompt rows at least. A verify row's token is the draft's,
+// whatever is passed (the engine drafted it).
+int32_t llama_spec_dflash2_process_tokens(struct llama_spec_dflash2 *spec,
+                                          const struct llama_spec_dflash2_row *rows,
+                                          const llama_token *tokens,
+                                          int32_t n_rows);
 
 // llama_spec_dflash2_process for a legacy llama_batch the host just decoded:
 // one row per token and sequence id; `batch.pos` must be set (for M-RoPE its
@@ -720,7 +755,14 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // the rate at which the target accepted such edges in the trees this engine
 // verified before (every child of an accepted node counts); the lattice
 // probability itself until there are such measurements. The nodes' prob and
-// path_prob stay the lattice's.
+// path_prob stay the lattice's. N-gram branches (params.ngram_branches): for
+// each of the sequence's earlier occurrences of its current suffix (ending in
+// id_last; the best few by match length, one per next token) the tokens that
+// followed it join the tree as a branch, merged into the lattice's nodes
+// where they agree; the budget then goes to the nodes of highest estimated
+// reach of either kind (a branch token's estimate is its measured acceptance
+// by match length and depth), so a tree may hold fewer lattice nodes than
+// without branches. A branch's own nodes have no lattice children.
 // `nodes` (room for `n_nodes_max`, at least the sum of the requests' n_nodes,
 // n_max for a 0)
 // receives the trees concatenated in request order; `n_nodes` (room for

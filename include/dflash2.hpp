@@ -132,6 +132,17 @@ struct engine {
         check(llama_spec_dflash2_process(get(), rows.data(), (int32_t) rows.size()), "process");
     }
 
+    // the same with each row's token (tokens[i] of rows[i]; negative: unknown), the text
+    // n-gram branches match against
+    void process(const std::vector<row> & rows, const std::vector<llama_token> & tokens) {
+        if (tokens.size() != rows.size()) {
+            throw error(LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT, "process_tokens",
+                    std::to_string(tokens.size()) + " tokens for " + std::to_string(rows.size()) + " rows");
+        }
+        check(llama_spec_dflash2_process_tokens(get(), rows.data(), tokens.data(), (int32_t) rows.size()),
+                "process_tokens");
+    }
+
     void process_batch(llama_batch batch) {
         check(llama_spec_dflash2_process_batch(get(), batch), "process_batch");
     }

@@ -29,6 +29,7 @@ struct spec_dflash2 : dflash2_server_spec {
 
     // scratch of the calls, kept to avoid allocating every step
     std::vector<dflash2::row>             rows;
+    std::vector<llama_token>              tokens;
     std::vector<dflash2::draft_request>   requests;
     std::vector<std::vector<llama_token>> drafts;
     std::vector<dflash2::tree_request>           tree_requests;
@@ -55,12 +56,12 @@ struct spec_dflash2 : dflash2_server_spec {
 
     bool process(const common_batch & batch) override {
         if (tree.on()) {
-            tree.rows_from_batch(batch, rows);
+            tree.rows_from_batch(batch, rows, tokens);
         } else {
-            dflash2_rows_from_batch(batch, rows);
+            dflash2_rows_from_batch(batch, rows, tokens);
         }
         try {
-            engine.process(rows);
+            engine.process(rows, tokens);
         } catch (const dflash2::error & e) {
             LOG_ERR("%s\n", e.what());
             return false;

@@ -162,7 +162,8 @@ struct dflash2_server_tree {
 
     // the rows of a decoded batch for process(): every row once per slot, with the
     // slot's own id (the path ids of a tree row all belong to one slot)
-    void rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows) const;
+    void rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows,
+            std::vector<llama_token> & tokens) const;
 };
 
 // sample-and-match on a tree: from the anchor's row (idxs[0]) the slot's sampler

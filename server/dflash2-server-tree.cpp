@@ -363,8 +363,10 @@ void dflash2_server_tree::on_seq_add(llama_seq_id seq, llama_pos p0, llama_pos p
     }
 }
 
-void dflash2_server_tree::rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows) const {
+void dflash2_server_tree::rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows,
+        std::vector<llama_token> & tokens) const {
     rows.clear();
+    tokens.clear();
     std::vector<llama_seq_id> seen;
     for (int32_t i = 0; i < batch.size(); ++i) {
         const auto & t    = batch.tokens[i];
@@ -375,6 +377,7 @@ void dflash2_server_tree::rows_from_batch(const common_batch & batch, std::vecto
             if (std::find(seen.begin(), seen.end(), k) == seen.end()) {
                 seen.push_back(k);
                 rows.push_back({ i, k, t.pos[0], embd });
+                tokens.push_back(t.id);
             }
         };
         push(t.seq_id);

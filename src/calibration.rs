@@ -133,7 +133,8 @@ pub fn observe_tree(model: &mut AcceptanceModel, tree: &Tree, path: &[usize], n_
         reached[i + 1] = true;
     }
     for (i, n) in tree.nodes().iter().enumerate().take(n_verified) {
-        if reached[n.parent().map_or(0, |p| p + 1)] {
+        // a node only an n-gram branch proposed has no lattice probability
+        if n.in_lattice() && reached[n.parent().map_or(0, |p| p + 1)] {
             model.observe_trial(n.depth - 1, n.prob, path.contains(&i));
         }
     }
@@ -145,7 +146,7 @@ mod tests {
     use crate::tree::Node;
 
     fn node(token: i32, parent: i32, depth: usize, prob: f32) -> Node {
-        Node { token, parent, depth, prob, path_prob: prob, candidate: 0 }
+        Node { token, parent, depth, prob, path_prob: prob, candidate: 0, ngram: 0 }
     }
 
     fn probs() -> impl Iterator<Item = f32> {

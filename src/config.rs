@@ -2,7 +2,9 @@
 //! the boundary: enums instead of int codes, `Option`s instead of sentinels.
 
 use crate::error::{Error, Result};
-use crate::params::{LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_params};
+use crate::params::{
+    LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_params,
+};
 use crate::sys::ggml_backend_dev_t;
 
 /// How the drafted path is chosen from the selector lattice.
@@ -50,6 +52,8 @@ pub struct Config {
     pub n_threads: Option<i32>,
     pub n_threads_batch: Option<i32>,
     pub use_extra_bufts: bool,
+    /// N-gram branches per tree draft; 0: none.
+    pub ngram_branches: usize,
 }
 
 impl Default for Config {
@@ -116,6 +120,16 @@ impl Config {
             n if n >= 0 => Some(n as u32),
             n => return Err(Error::invalid(format!("n_gpu_layers = {n}"))),
         };
+        let ngram_branches = match p.ngram_branches {
+            -1 => crate::ngram::DEFAULT_BRANCHES,
+            n if (0..=LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES).contains(&n) => n as usize,
+            n => {
+                return Err(Error::invalid(format!(
+                    "ngram_branches = {n} (-1 for the default, 0 for none, at most \
+                     {LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES})"
+                )));
+            }
+        };
         if p.n_threads < 0 || p.n_threads_batch < 0 {
             return Err(Error::invalid("n_threads and n_threads_batch must be >= 0"));
         }
@@ -135,6 +149,7 @@ impl Config {
             n_threads: threads(p.n_threads),
             n_threads_batch: threads(p.n_threads_batch),
             use_extra_bufts: p.use_extra_bufts,
+            ngram_branches,
         })
     }
 }

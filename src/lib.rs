@@ -18,6 +18,8 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub(crate) mod log;
+/// cbindgen:ignore
+pub mod ngram;
 pub mod params;
 pub mod positions;
 /// cbindgen:ignore

@@ -91,6 +91,15 @@ pub struct llama_spec_dflash2_params {
     /// Weight repacking (extra buffer types) for the drafter. Off by default:
     /// ggml's AMX repack path segfaults on some CPUs.
     pub use_extra_bufts: bool,
+    /// N-gram branches: at most this many continuations of the sequence's own
+    /// text (where its current suffix occurred before in the prompt or the
+    /// answer) join each greedy tree draft as extra branches, verified in the
+    /// same batch and priced by their measured acceptance. -1 (default) = 2;
+    /// 0 = none; at most LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine
+    /// learns the prompt's text from llama_spec_dflash2_process_tokens or
+    /// process_batch (the generated text from its own drafts); chains and
+    /// sampled trees have none.
+    pub ngram_branches: i32,
 }
 
 impl Default for llama_spec_dflash2_params {
@@ -111,9 +120,13 @@ impl Default for llama_spec_dflash2_params {
             n_threads: 0,
             n_threads_batch: 0,
             use_extra_bufts: false,
+            ngram_branches: -1,
         }
     }
 }
+
+/// Most n-gram branches per tree draft (params.ngram_branches).
+pub const LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES: i32 = 16;
 
 /// Most sequences one engine serves (n_seq); libllama's own limit is 256.
 pub const LLAMA_SPEC_DFLASH2_MAX_SEQUENCES: u32 = 256;
@@ -161,6 +174,8 @@ mod tests {
             (|p| p.n_threads = -2, "n_threads"),
             (|p| p.walk = 3, "walk"),
             (|p| p.image_rows = -1, "image_rows"),
+            (|p| p.ngram_branches = -2, "ngram_branches"),
+            (|p| p.ngram_branches = 17, "ngram_branches"),
         ];
         for (mutate, field) in cases {
             let mut p = llama_spec_dflash2_params::default();

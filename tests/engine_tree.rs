@@ -71,7 +71,7 @@ fn decode_multi(t: &mut Target, rows: &[MRow]) -> Vec<i32> {
         sys::llama_batch_free(b);
         assert_eq!(rc, 0, "tree verify decode");
     }
-    t.last_rows = rows.iter().map(|r| DecodedRow { seq: r.owner, pos: r.pos, embd: false }).collect();
+    t.last_rows = rows.iter().map(|r| DecodedRow { seq: r.owner, pos: r.pos, embd: false, token: r.token }).collect();
     (0..rows.len())
         .map(|i| argmax(unsafe { std::slice::from_raw_parts(sys::llama_get_logits_ith(t.ctx, i as i32), t.n_vocab) }))
         .collect()
@@ -172,6 +172,7 @@ fn to_tree(nodes: &[CNode]) -> Tree {
             prob: n.prob,
             path_prob: n.path_prob,
             candidate: 0,
+            ngram: 0,
         })
         .collect();
     Tree::from_nodes(nodes).expect("draft_tree returns a valid tree")
@@ -595,6 +596,57 @@ fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
     check_lossless(&spec, &streams, &reference, N, "smollm2 np 4");
     let st = spec.stats();
     eprintln!("SmolLM2 np 4, trees of 7: tau {:.3}, by depth {}, shapes {}", st.tau, per_depth(&st, 7), shapes.top(4));
+}
+
+// ---- n-gram branches --------------------------------------------------------------
+
+/// N-gram branches (params.ngram_branches, on by default): where the answer
+/// copies the prompt, continuations of the text's earlier occurrences join
+/// the trees; the target reaches and accepts them, the trees stay lossless,
+/// and tau is at least that of the same trees without branches (0: none is
+/// drafted).
+#[test]
+fn ngram_branches_follow_copied_text_losslessly() {
+    let _turn = one_at_a_time();
+    const N: usize = 40;
+    const LEAVES: i32 = 7;
+    const PARK: i32 = LEAVES + 1;
+    let target_path = smollm2();
+    let drafter = trained_drafter();
+    let mut target = unified_target(&target_path, 2 + LEAVES as u32, 2048, 512, 512);
+    let prompt = tokenize_chat(
+        &target,
+        "Copy the following sentence three times: The red train leaves the old station at seven in the morning.",
+    );
+    let reference = greedy_reference(&target_path, std::slice::from_ref(&prompt), N);
+    let shape = Shape { n_nodes: 7, max_children: 0, max_leaves: LEAVES };
+    let mut taus = Vec::new();
+    for branches in [0, 2] {
+        target.seq_rm(-1, -1, -1);
+        target.seq_rm(PARK, -1, -1);
+        let spec =
+            Spec::new(&target, &drafter, llama_spec_dflash2_params { ngram_branches: branches, ..default_params(1) });
+        let mut streams = prefill(&mut target, &spec, std::slice::from_ref(&prompt));
+        let pools = [(0..LEAVES).collect::<Vec<i32>>()];
+        let host =
+            Host { pools: &pools, shape, verify: Verify::Library, park: Some(PARK), reference: Some(&reference) };
+        let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut Shapes::default());
+        assert_eq!(diverged[0], None, "{branches} branches");
+        check_lossless(&spec, &streams, &reference, N, &format!("{branches} n-gram branches"));
+        let st = spec.stats();
+        eprintln!(
+            "  {branches} n-gram branches: tau {:.3}, n-gram nodes {} reached {} accepted {}",
+            st.tau, st.n_ngram_nodes, st.n_ngram_reached, st.n_ngram_accepted
+        );
+        if branches == 0 {
+            assert_eq!((st.n_ngram_nodes, st.n_ngram_reached, st.n_ngram_accepted), (0, 0, 0));
+        } else {
+            assert!(st.n_ngram_accepted > 0 && st.n_ngram_reached >= st.n_ngram_accepted, "{st:?}");
+            assert!(st.n_ngram_nodes >= st.n_ngram_reached);
+        }
+        taus.push(st.tau);
+    }
+    assert!(taus[1] > taus[0], "tau with branches {:.3} below without {:.3}", taus[1], taus[0]);
 }
 
 // ---- the chain is a one-child tree ----------------------------------------------

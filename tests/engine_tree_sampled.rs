@@ -61,7 +61,7 @@ fn decode_multi(t: &mut Target, rows: &[(i32, i32, i32, Vec<i32>)]) {
         sys::llama_batch_free(b);
         assert_eq!(rc, 0, "tree verify decode");
     }
-    t.last_rows = rows.iter().map(|r| DecodedRow { seq: r.0, pos: r.2, embd: false }).collect();
+    t.last_rows = rows.iter().map(|r| DecodedRow { seq: r.0, pos: r.2, embd: false, token: r.1 }).collect();
 }
 
 fn apply(t: &Target, ops: &[KvOp]) {
@@ -156,6 +156,7 @@ fn try_draft_trees(spec: &Spec, reqs: &[llama_spec_dflash2_tree_request]) -> Res
                     prob: n.prob,
                     path_prob: n.path_prob,
                     candidate: 0,
+                    ngram: 0,
                 })
                 .collect();
             at += k as usize;

@@ -73,7 +73,13 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
     if (mode == "ar-attached" || mode == "ar-fed") {
         return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE, /*feed_only*/ true);
     }
-    return nullptr;
+    return make_drafter_ngram(tgt, mode);
+}
+
+// llama.cpp's n-gram speculative types (no draft model), for comparison with n-gram branches
+bool is_ngram(const std::string & mode) {
+    const auto & modes = host_ngram_modes();
+    return std::any_of(modes.begin(), modes.end(), [&](const auto & m) { return m.first == mode; });
 }
 
 // modes whose host verifies trees: dflash2-tree (whole trees), dflash2-auto (the
@@ -87,6 +93,11 @@ bool is_tree(const std::string & mode) {
 // never calls it; ar-fed also hands it every decoded row (process, seq_rm), never drafting
 bool is_diagnostic(const std::string & mode) {
     return mode == "ar-attached" || mode == "ar-fed";
+}
+
+// leaves (path sequence ids) per tree: np x (leaves + 1) ids within llama.cpp's 256
+int32_t tree_leaves(int32_t np, int32_t n_tree) {
+    return std::max(1, std::min(n_tree, 256 / std::max(np, 1) - 1));
 }
 
 std::vector<std::string> split(const std::string & s) {
@@ -233,7 +244,7 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
 }
 
 void write_json(const std::string & path, const host_args & args, const std::vector<std::string> & prompts,
-        const std::vector<mode_result> & results, int reps) {
+        const std::vector<mode_result> & results, int reps, const host_cost_world & world) {
     std::ofstream out(path);
     if (!out) {
         throw std::runtime_error("cannot write " + path);
@@ -245,7 +256,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
     out << "  \"dflash2\": " << json_str(dflash2::version()) << ",\n";
     out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
     out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps
-        << ", \"target_min_ms\": " << p.target_min_ms << ",\n";
+        << ", \"target_min_ms\": " << world.floor_ms << ",\n";
+    out << "  \"cost_world\": " << world.json() << ",\n";
     out << "  \"temp\": " << p.temp << ", \"seed\": " << p.seed << ", \"sampler_chain\": "
         << json_str(p.temp > 0 ? "temp, dist" : "greedy") << ",\n";
     out << "  \"prompts\": [";
@@ -442,21 +454,29 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
 
 int main(int argc, char ** argv) {
     try {
-        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree", "--lockstep" });
+        host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree", "--lockstep",
+                "--cost-world", "--ngram-size-n", "--ngram-size-m" });
         if (!args.flags.empty()) {
             throw std::runtime_error("unknown option " + args.flags[0]);
         }
         const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
         for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m) && !is_diagnostic(m)) {
+            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m) && !is_diagnostic(m) &&
+                    !is_ngram(m)) {
                 throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto, "
-                        "ar-attached, ar-fed)");
+                        "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache, ar-attached, ar-fed)");
             }
         }
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
         const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
                                                            : args.params.n_max;
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
+        for (auto [flag, field] : { std::pair<const char *, int32_t *>{ "--ngram-size-n", &args.params.ngram_size_n },
+                                    { "--ngram-size-m", &args.params.ngram_size_m } }) {
+            if (args.values.count(flag)) {
+                *field = host_parse_int_list(flag, args.values[flag])[0];
+            }
+        }
         const std::string path_json = args.values.count("--json") ? args.values["--json"] : "bench.json";
         const std::string path_svg  = args.values.count("--svg") ? args.values["--svg"] : "bench.svg";
         if (args.prompts.empty()) {
@@ -478,6 +498,17 @@ int main(int argc, char ** argv) {
             return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps);
         }
 
+        const std::string world_name = args.values.count("--cost-world") ? args.values["--cost-world"] : "real";
+        if (world_name != "real" && world_name != "gpu-like") {
+            throw std::runtime_error("--cost-world is real or gpu-like, got " + world_name);
+        }
+        const bool    any_tree = std::any_of(modes.begin(), modes.end(), is_tree);
+        const int32_t np_max   = *std::max_element(args.np_list.begin(), args.np_list.end());
+        const host_cost_world world = host_set_cost_world(tgt, world_name == "gpu-like", prompts[0], np_max,
+                any_tree ? host_tree_seq_ids(np_max, tree_leaves(np_max, n_tree)) : 0,
+                1 + std::max(args.params.n_max, any_tree ? n_tree : 0));
+        printf("%s\n", world.describe().c_str());
+
         std::vector<mode_result> results;
         for (int32_t np : args.np_list) {
             std::vector<mode_result> at_np;
@@ -492,7 +523,7 @@ int main(int argc, char ** argv) {
             // cache of the other modes: their outputs are compared with target-only on a context like theirs
             std::vector<std::vector<llama_token>> reference_tree;
             if (std::any_of(modes.begin(), modes.end(), is_tree)) {
-                tgt.reset_context(np, host_tree_seq_ids(np, n_tree));
+                tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree)));
                 reference_tree = host_generate(tgt, nullptr, prompts).tokens;
             }
             for (auto & r : at_np) {
@@ -504,8 +535,8 @@ int main(int argc, char ** argv) {
                     mode_result & r = at_np[(k + rep) % modes.size()];
                     host_generation gen;
                     if (is_tree(r.mode)) {
-                        tgt.reset_context(np, host_tree_seq_ids(np, n_tree));
-                        gen = host_generate_tree(tgt, n_tree, n_tree,
+                        tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree)));
+                        gen = host_generate_tree(tgt, n_tree, tree_leaves(np, n_tree),
                                 r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
                                 prompts);
                     } else {
@@ -533,15 +564,18 @@ int main(int argc, char ** argv) {
         }
 
         print_table(results, args.np_list, args.params.n_max);
-        write_json(path_json, args, args.prompts, results, reps);
+        write_json(path_json, args, args.prompts, results, reps, world);
         write_svg(path_svg, results, args.np_list, modes);
         printf("\nwrote %s and %s\n", path_json.c_str(), path_svg.c_str());
         return 0;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree, dflash2-auto;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
+                " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --lockstep A,B    two chain modes in turns of 16 steps instead (an A/B under the same load)\n"
+                "  --ngram-size-n N, --ngram-size-m M  lookup and draft sizes of llama.cpp's n-gram types (default theirs)\n"
+                "  --cost-world W    real (default) or gpu-like: every target decode padded to a floor that covers\n"
+                "                    the run's largest verify batch, measured first (raises a lower --target-min-ms)\n"
                 "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
                 e.what(), host_args_usage());
         return 2;

@@ -3,6 +3,10 @@
 // (the default) the output must equal the target's (exit 1 otherwise); at
 // --temp T > 0 the target samples (tools/host/host.h) and dflash2 verifies its
 // sampled drafts losslessly: the same distribution, other random draws.
+// dflash2 runs as its default: the controller (adaptive walk), which each step
+// verifies no draft, a chain or a tree of up to --tree nodes (n-gram branches
+// included), whatever pays on this machine; --walk greedy runs the greedy chain
+// (llama.cpp's own drafts).
 #include "args.h"
 #include "host.h"
 #ifdef HOST_WITH_MTMD
@@ -45,7 +49,18 @@ static void print_verdict(const host_stats & ar, const host_stats & s) {
 
 int main(int argc, char ** argv) {
     try {
-        host_args args = host_parse_args(argc, argv);
+        host_args args = host_parse_args(argc, argv, { "--walk", "--tree" });
+        const std::string walk = args.values.count("--walk") ? args.values["--walk"] : "adaptive";
+        if (walk != "adaptive" && walk != "greedy") {
+            throw std::runtime_error("--walk is adaptive or greedy, got " + walk);
+        }
+        const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0] : 64;
+        if (n_tree < 1 || n_tree > HOST_MAX_DRAFT) {
+            throw std::runtime_error("--tree needs 1 to " + std::to_string(HOST_MAX_DRAFT) + " nodes");
+        }
+        // the controller verifies trees, in a unified KV cache with a sequence id per leaf
+        const bool    adaptive    = walk == "adaptive";
+        const int32_t n_seq_ids   = adaptive ? host_tree_seq_ids(1, n_tree) : 0;
         bool with_upstream = false;
         for (const auto & r : args.flags) {
             if (r == "--upstream") {
@@ -81,16 +96,25 @@ int main(int argc, char ** argv) {
         printf("target  %s\ndrafter %s\nn_max %d, %zu prompt(s), %d token(s) each, %d thread(s)\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), args.params.n_max, prompts.size(),
                 args.params.n_predict, args.params.n_threads);
+        if (adaptive) {
+            printf("dflash2: the controller (each step no draft, a chain or a tree of up to %d nodes, whatever pays "
+                   "here; --walk greedy: the greedy chain)\n", n_tree);
+        } else {
+            printf("dflash2: the greedy chain (--walk greedy)\n");
+        }
         if (tgt.sampled()) {
             printf("sampled: temp %.2f, seed %d (chain: temp, dist)\n", args.params.temp, args.params.seed);
         }
         printf("\n");
 
+        tgt.reset_context(1, n_seq_ids);
         const host_generation ar = host_generate(tgt, nullptr, prompts);
 
-        tgt.reset_context();
+        tgt.reset_context(1, n_seq_ids);
         host_generation spec;
-        {
+        if (adaptive) {
+            spec = host_generate_tree(tgt, n_tree, n_tree, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE, prompts);
+        } else {
             auto d = make_drafter_dflash2(tgt);
             spec = host_generate(tgt, d.get(), prompts);
         }
@@ -143,7 +167,9 @@ int main(int argc, char ** argv) {
         }
         return identical == (int) prompts.size() ? 0 : 1;
     } catch (const std::exception & e) {
-        fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n", e.what(),
+        fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n"
+                "  --walk W          adaptive (default: the controller, trees) or greedy (the greedy chain)\n"
+                "  --tree N          most nodes of the controller's trees (default 64)\n", e.what(),
                 host_args_usage());
         return 2;
     }

@@ -43,7 +43,7 @@ use std::time::Instant;
 use super::cost::CostModel;
 use super::mean::Mean;
 use super::{ARM_MIN_STEPS, AcceptanceModel, SPIKE};
-use crate::tree::Tree;
+use crate::tree::{Node, Tree};
 
 /// Tokens a probe drafts at most (its block is PROBE_LEN + 1 rows).
 const PROBE_LEN: usize = 2;
@@ -414,10 +414,15 @@ impl AdaptivePolicy {
     /// the price of k verify rows, each node reached with the product of the
     /// measured acceptance at its depth and edge probability along its path.
     /// A tree whose siblings do not pay is cut to its chain; one whose first
-    /// node does not, to nothing.
-    pub fn keep_tree(&mut self, tree: &Tree) -> usize {
+    /// node does not, to nothing. `branch_p(node)` is the measured acceptance
+    /// of a node an n-gram branch proposed (0 for the others); a node both
+    /// proposed counts with the larger estimate.
+    pub fn keep_tree(&mut self, tree: &Tree, branch_p: impl Fn(&Node) -> f64) -> usize {
         let price = self.row_price();
-        let reach = tree.reach(|n| self.acceptance.p_accept(n.depth - 1, n.prob));
+        let reach = tree.reach(|n| {
+            let lattice = if n.in_lattice() { self.acceptance.p_accept(n.depth - 1, n.prob) } else { 0.0 };
+            lattice.max(branch_p(n))
+        });
         let (mut best, mut best_k, mut sum) = (0.0, 0, 0.0);
         for (k, r) in reach.iter().enumerate() {
             sum += r - price;
@@ -938,7 +943,7 @@ mod tests {
 
     fn node(parent: i32, depth: usize, prob: f32) -> crate::tree::Node {
         // distinct tokens for siblings: the probability's bits will do
-        crate::tree::Node { token: (prob * 100.0) as i32, parent, depth, prob, path_prob: prob, candidate: 0 }
+        crate::tree::Node { token: (prob * 100.0) as i32, parent, depth, prob, path_prob: prob, candidate: 0, ngram: 0 }
     }
 
     #[test]
@@ -947,19 +952,19 @@ mod tests {
         let tree = Tree::from_nodes(vec![node(-1, 1, 0.9), node(0, 2, 0.9), node(-1, 1, 0.05)]).unwrap();
         // rows nearly free: every node pays
         let mut cheap = warmed(50.0, 1e-6, 0.002);
-        assert_eq!(cheap.keep_tree(&tree), 3);
+        assert_eq!(cheap.keep_tree(&tree, |_| 0.0), 3);
         // rows at a third of a token: the weak sibling does not pay; the tree is its chain
         let mut dear = warmed(50.0, 0.006, 0.002);
         for _ in 0..100 {
             dear.acceptance.observe(&[0.9, 0.9, 0.9], 3);
             dear.acceptance.observe(&[0.05], 0);
         }
-        assert_eq!(dear.keep_tree(&tree), 2);
+        assert_eq!(dear.keep_tree(&tree, |_| 0.0), 2);
         // a weak node before a strong one is kept when the strong one pays for both
         let deep = Tree::from_nodes(vec![node(-1, 1, 0.9), node(-1, 1, 0.05), node(0, 2, 0.9)]).unwrap();
-        assert_eq!(dear.keep_tree(&deep), 3);
+        assert_eq!(dear.keep_tree(&deep, |_| 0.0), 3);
         // and a first node that does not pay leaves no tree
         let weak = Tree::from_nodes(vec![node(-1, 1, 0.05)]).unwrap();
-        assert_eq!(dear.keep_tree(&weak), 0);
+        assert_eq!(dear.keep_tree(&weak, |_| 0.0), 0);
     }
 }

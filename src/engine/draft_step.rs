@@ -92,6 +92,9 @@ impl Engine {
     pub fn draft(&mut self, reqs: &[Request], tokens: &mut [i32], n_drafted: &mut [i32]) -> Result<()> {
         self.check_requests(reqs, tokens.len(), n_drafted.len())?;
         self.stats.n_draft_calls += 1;
+        for r in reqs {
+            self.seqs[r.seq as usize].history.set_anchor(r.id_last);
+        }
         if reqs.is_empty() {
             return Ok(());
         }

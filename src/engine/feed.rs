@@ -108,7 +108,7 @@ impl Engine {
             for layer in &layers {
                 self.scratch.extend_from_slice(&layer[at..at + n_embd]);
             }
-            self.seqs[r.seq as usize].take_row(r.pos, &self.scratch);
+            self.seqs[r.seq as usize].take_row(r.pos, &self.scratch, r.token);
         }
         self.stats.t_process_us += us_since(t);
         // prompt chunks go in as they come; a few rows of a decode step wait for

@@ -104,9 +104,11 @@ impl Engine {
         if !self.seqs[s].map.in_kv().is_empty() {
             self.ctx.seq_cp_all(src, dst);
         }
-        let (map, queued) = (self.seqs[s].map.clone(), self.seqs[s].queued.clone());
+        let (map, queued, history) =
+            (self.seqs[s].map.clone(), self.seqs[s].queued.clone(), self.seqs[s].history.clone());
         self.seqs[d].map = map;
         self.seqs[d].queued = queued;
+        self.seqs[d].history = history;
         if p0 > 0 {
             self.remove_range(d, TargetRange::new(0, p0))?;
         }

@@ -33,6 +33,7 @@ use crate::adaptive::{AcceptanceModel, AdaptivePolicy};
 use crate::config::{Config, ImageRows, Walk};
 use crate::error::{Error, Result};
 use crate::log;
+use crate::ngram::NgramAcceptance;
 use crate::sys::{Batch, Device, DraftContext, DraftModel, MemoryUse, TargetContext};
 
 pub use estimate::{MemoryEstimate, estimate_memory};
@@ -51,6 +52,8 @@ pub struct Row {
     pub pos: i32,
     /// Decoded from an embedding (an image or audio row), not a token.
     pub embd: bool,
+    /// The row's token when the host said (`crate::ngram` reads the text).
+    pub token: Option<i32>,
 }
 
 /// One sequence's part of a draft call.
@@ -111,6 +114,10 @@ pub struct Engine {
     /// Every child of a greedy tree's reached nodes, accepted or not: what
     /// calibrates the growth key of the next trees (`crate::calibration`).
     tree_acceptance: AcceptanceModel,
+    /// N-gram branches per greedy tree draft (0: none) and what the target
+    /// accepted of them (`crate::ngram`).
+    ngram_branches: usize,
+    ngram_acceptance: NgramAcceptance,
     /// Released after Drop turned the capture off (fields drop after drop()).
     _claim: claim::TargetClaim,
 }
@@ -162,6 +169,8 @@ impl Engine {
             scratch: Vec::new(),
             policy: (config.walk == Walk::Adaptive).then(|| AdaptivePolicy::new(s.limits.n_max)),
             tree_acceptance: AcceptanceModel::new(s.limits.n_max.max(1)),
+            ngram_branches: config.ngram_branches,
+            ngram_acceptance: NgramAcceptance::default(),
         })
     }
 

@@ -5,6 +5,7 @@
 use super::row_queue::RowQueue;
 use super::sampled::{SampledDraft, SeqRng};
 use super::tree_sampled::SampledTreeDraft;
+use crate::ngram::TokenHistory;
 use crate::positions::{KvEdit, SeqMap, TargetRange};
 use crate::tree::Tree;
 
@@ -38,6 +39,8 @@ pub struct Sequence {
     /// The generators of sampled drafts, from the first one on; dropped when
     /// the sequence is emptied (`sampled`).
     pub rng: Option<SeqRng>,
+    /// The committed tokens, for n-gram branches.
+    pub history: TokenHistory,
 }
 
 impl Sequence {
@@ -48,6 +51,7 @@ impl Sequence {
             held: RowQueue::new(n_feat),
             outstanding: None,
             rng: None,
+            history: TokenHistory::default(),
         }
     }
 
@@ -82,12 +86,31 @@ impl Sequence {
     }
 
     /// Takes a row the target decoded: held while a draft awaits accept(),
-    /// else committed.
-    pub fn take_row(&mut self, target: i32, features: &[f32]) {
+    /// else committed. (A held row's token is known: the anchor's or the
+    /// draft's; `token` is the host's word for a committed one.)
+    pub fn take_row(&mut self, target: i32, features: &[f32], token: Option<i32>) {
         if self.holds_rows() {
             self.held.push(target, features);
         } else {
             self.queued.push(target, features);
+            self.history.commit(target, token);
+        }
+    }
+
+    /// The token of held row `i`: the anchor's (the request's id_last), then
+    /// the outstanding draft's, in row order.
+    fn held_token(&self, i: usize) -> Option<i32> {
+        match i {
+            0 => self.history.anchor(),
+            _ => self.outstanding.as_ref().and_then(|o| o.tokens.get(i - 1).copied()),
+        }
+    }
+
+    /// Commits the held rows at indices `rows` (ascending) to the history.
+    fn commit_history(&mut self, rows: impl Iterator<Item = usize>) {
+        for i in rows {
+            let token = self.held_token(i);
+            self.history.commit(self.held.targets()[i], token);
         }
     }
 
@@ -95,6 +118,7 @@ impl Sequence {
     /// returns how many rows were dropped.
     pub fn resolve_held(&mut self, n: usize) -> usize {
         let n = n.min(self.held.len());
+        self.commit_history(0..n);
         self.queued.extend_from(&self.held, n);
         let dropped = self.held.len() - n;
         self.held.clear();
@@ -107,6 +131,7 @@ impl Sequence {
     /// how many rows were dropped.
     pub fn resolve_held_rows(&mut self, rows: &[usize]) -> usize {
         let kept: Vec<usize> = rows.iter().copied().filter(|&i| i < self.held.len()).collect();
+        self.commit_history(kept.iter().copied());
         for &i in &kept {
             self.queued.push(self.held.targets()[i], self.held.row(i));
         }
@@ -129,6 +154,7 @@ impl Sequence {
         // a tree's held rows are its nodes by index: losing any of them loses the tree
         let breaks_tree = self.tree().is_some() && self.held.targets().iter().any(|&t| range.contains(t));
         let edits = self.map.remove(range, can_shift);
+        self.history.remove(range);
         self.queued.remove(range);
         self.held.remove(range);
         let anchor = self.outstanding.as_ref().map(|o| o.after_target.map_or(0, |t| t.saturating_add(1)));
@@ -153,6 +179,7 @@ impl Sequence {
     /// The target moved the rows at positions in `range` by `delta`.
     pub fn shift_target(&mut self, range: TargetRange, delta: i32) {
         self.map.shift_target(range, delta);
+        self.history.shift(range, delta);
         self.queued.shift_target(range, delta);
         self.held.shift_target(range, delta);
         if let Some(t) = self.outstanding.as_mut().and_then(|o| o.after_target.as_mut()) {

@@ -108,6 +108,8 @@ impl Engine {
         let q = &mut self.seqs[s];
         q.map = blob.map;
         q.queued = blob.queued;
+        // a state blob holds no text: n-gram branches start over from the next rows
+        q.history.clear();
         Ok(())
     }
 }

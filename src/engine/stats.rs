@@ -26,6 +26,11 @@ pub struct Stats {
     pub t_inject_us: u64,
     pub t_draft_us: u64,
     pub t_walk_us: u64,
+    /// Tree nodes an n-gram branch proposed (alone or with the lattice), and
+    /// of those the target reached and accepted.
+    pub n_ngram_nodes: u64,
+    pub n_ngram_reached: u64,
+    pub n_ngram_accepted: u64,
 }
 
 impl Default for Stats {
@@ -47,6 +52,9 @@ impl Default for Stats {
             t_inject_us: 0,
             t_draft_us: 0,
             t_walk_us: 0,
+            n_ngram_nodes: 0,
+            n_ngram_reached: 0,
+            n_ngram_accepted: 0,
         }
     }
 }

@@ -23,8 +23,11 @@ use crate::adaptive::Plan;
 use crate::calibration::{self, EdgeCalibration};
 use crate::error::{Error, Result};
 use crate::log;
+use crate::ngram;
 use crate::sys::TreeRoom;
-use crate::tree::{SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, sample_tree};
+use crate::tree::{
+    SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches, sample_tree,
+};
 
 /// One sequence's part of a tree draft call.
 #[derive(Clone, Copy, Debug)]
@@ -125,6 +128,9 @@ impl Engine {
             .collect();
         // sequences, tokens, temperatures and outstanding drafts as the chain checks them
         self.check_requests(&chain, usize::MAX, reqs.len())?;
+        for r in reqs {
+            self.seqs[r.seq as usize].history.set_anchor(r.id_last);
+        }
         let modes = chain.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
         let needed: usize = limits.iter().map(|l| l.n_nodes).sum();
         if room < needed {
@@ -166,8 +172,26 @@ impl Engine {
             match modes[i] {
                 Mode::Greedy => {
                     let mut tree = grow_tree_by(&lattice, lim, n_vocab, |depth, prob| calibration.p(depth, prob));
+                    let branches = ngram::propose(
+                        self.seqs[reqs[i].seq as usize].history.tokens(),
+                        reqs[i].id_last,
+                        lim.max_depth,
+                        self.ngram_branches,
+                    );
+                    let ng = &self.ngram_acceptance;
+                    if !branches.is_empty() {
+                        tree = merge_branches(
+                            &tree,
+                            &branches,
+                            lim,
+                            |n| calibration.p(n.depth, n.prob),
+                            |m, d| ng.p(m, d),
+                        );
+                    }
                     if let Some(policy) = self.policy.as_mut() {
-                        tree.truncate(policy.keep_tree(&tree));
+                        let branch_p =
+                            |n: &crate::tree::Node| if n.ngram > 0 { ng.p(n.ngram as usize, n.depth) } else { 0.0 };
+                        tree.truncate(policy.keep_tree(&tree, branch_p));
                     }
                     trees[i] = tree;
                 }
@@ -176,7 +200,7 @@ impl Engine {
                     // the lattice's greedy tree: a cut that saw the drawn
                     // children would bias the verification.
                     if let Some(policy) = self.policy.as_mut() {
-                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab));
+                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0);
                     }
                     let seq = reqs[i].seq;
                     let rng = &mut sampled::seeded(&mut self.seqs[seq as usize].rng, seed, seq).draft;
@@ -198,6 +222,7 @@ impl Engine {
             let nodes = tree.nodes();
             self.stats.n_drafts += !nodes.is_empty() as u64;
             self.stats.n_drafted += nodes.len() as u64;
+            self.stats.n_ngram_nodes += nodes.iter().filter(|n| n.ngram > 0).count() as u64;
             for slot in self.stats.drafted_at.iter_mut().take(depth) {
                 *slot += 1;
             }
@@ -261,7 +286,11 @@ impl Engine {
         }
         if o.sampled_tree.is_none() {
             // a greedy tree: its reached children calibrate the next trees' growth
-            calibration::observe_tree(&mut self.tree_acceptance, tree, &path, q.held.len().saturating_sub(1));
+            let n_verified = q.held.len().saturating_sub(1);
+            calibration::observe_tree(&mut self.tree_acceptance, tree, &path, n_verified);
+            let (reached, accepted) = self.ngram_acceptance.observe_tree(tree, &path, n_verified);
+            self.stats.n_ngram_reached += reached as u64;
+            self.stats.n_ngram_accepted += accepted as u64;
         }
         let dropped = self.seqs[s].resolve_held_rows(&rows);
         self.stats.n_rejected_rows += dropped as u64;
@@ -409,7 +438,7 @@ mod tests {
     use crate::tree::{Node, Tree};
 
     fn node(token: i32, parent: i32, depth: usize) -> Node {
-        Node { token, parent, depth, prob: 0.5, path_prob: 0.5, candidate: 0 }
+        Node { token, parent, depth, prob: 0.5, path_prob: 0.5, candidate: 0, ngram: 0 }
     }
 
     #[test]

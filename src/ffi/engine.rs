@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::engine::{Engine, Request, Row};
 use crate::error::Error;
 use crate::params::llama_spec_dflash2_params;
-use crate::sys::{llama_batch, llama_context};
+use crate::sys::{llama_batch, llama_context, llama_token};
 
 /// A DFlash2 engine bound to one target context (opaque).
 ///
@@ -139,10 +139,38 @@ pub unsafe extern "C" fn llama_spec_dflash2_process(
     rows: *const llama_spec_dflash2_row,
     n_rows: i32,
 ) -> i32 {
+    // SAFETY: the caller's contract, forwarded.
+    unsafe { llama_spec_dflash2_process_tokens(spec, rows, std::ptr::null(), n_rows) }
+}
+
+/// llama_spec_dflash2_process with each row's token: `tokens[i]` (room for
+/// `n_rows`) is the token row i decoded, negative for an embedding row or one
+/// the host does not know; NULL = none known. The engine reads text for
+/// n-gram branches (params.ngram_branches) from the tokens of committed rows:
+/// pass them for prompt rows at least. A verify row's token is the draft's,
+/// whatever is passed (the engine drafted it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_process_tokens(
+    spec: *mut llama_spec_dflash2,
+    rows: *const llama_spec_dflash2_row,
+    tokens: *const llama_token,
+    n_rows: i32,
+) -> i32 {
     engine_status(spec, |e| {
-        let rows = slice(rows, count(n_rows, "rows")?, "rows")?;
-        let rows: Vec<Row> =
-            rows.iter().map(|r| Row { i_batch: r.i_batch, seq: r.seq_id, pos: r.pos, embd: r.embd }).collect();
+        let n = count(n_rows, "rows")?;
+        let rows = slice(rows, n, "rows")?;
+        let tokens = if tokens.is_null() { None } else { Some(slice(tokens, n, "tokens")?) };
+        let rows: Vec<Row> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| Row {
+                i_batch: r.i_batch,
+                seq: r.seq_id,
+                pos: r.pos,
+                embd: r.embd,
+                token: tokens.map(|t| t[i]).filter(|&t| t >= 0 && !r.embd),
+            })
+            .collect();
         e.process(&rows)
     })
 }
@@ -162,16 +190,18 @@ pub unsafe extern "C" fn llama_spec_dflash2_process_batch(spec: *mut llama_spec_
         let pos = slice(batch.pos, n, "batch.pos")?;
         let n_seq_id = if batch.n_seq_id.is_null() { None } else { Some(slice(batch.n_seq_id, n, "batch.n_seq_id")?) };
         let embd = !batch.embd.is_null();
+        let tokens = if embd || batch.token.is_null() { None } else { Some(slice(batch.token, n, "batch.token")?) };
         let mut rows = Vec::with_capacity(n);
         for (i, &p) in pos.iter().enumerate() {
+            let token = tokens.map(|t| t[i]);
             if batch.seq_id.is_null() {
-                rows.push(Row { i_batch: i as i32, seq: 0, pos: p, embd });
+                rows.push(Row { i_batch: i as i32, seq: 0, pos: p, embd, token });
                 continue;
             }
             let ids = slice(batch.seq_id, n, "batch.seq_id")?[i];
             let n_ids = n_seq_id.map_or(1, |n| n[i]);
             for &seq in slice(ids.cast_const(), count(n_ids, "batch.n_seq_id[i]")?, "batch.seq_id[i]")? {
-                rows.push(Row { i_batch: i as i32, seq, pos: p, embd });
+                rows.push(Row { i_batch: i as i32, seq, pos: p, embd, token });
             }
         }
         e.process(&rows)

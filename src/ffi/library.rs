@@ -24,7 +24,11 @@ use crate::params::llama_spec_dflash2_params;
 /// devices (else _INVALID_ARGUMENT); LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY when
 /// that device reports too little free memory for the drafter;
 /// llama_spec_dflash2_last_status (why init returned NULL).
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 5;
+/// 6: n-gram branches in greedy tree drafts: params.ngram_branches (appended;
+/// default on), llama_spec_dflash2_process_tokens (the prompt's tokens),
+/// process_batch reads batch.token; stats gained n_ngram_nodes,
+/// n_ngram_reached, n_ngram_accepted (appended).
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 6;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

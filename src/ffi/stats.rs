@@ -47,6 +47,12 @@ pub struct llama_spec_dflash2_stats {
     /// Mean tokens per verify step, the bonus token included:
     /// (n_accepted + n_verify_steps) / n_verify_steps; 0 before the first step.
     pub tau: f64,
+    /// Tree nodes an n-gram branch proposed (params.ngram_branches; alone or
+    /// with the lattice), those of them the target reached (their parent was
+    /// accepted) and those it accepted (API version 6).
+    pub n_ngram_nodes: u64,
+    pub n_ngram_reached: u64,
+    pub n_ngram_accepted: u64,
 }
 
 impl From<&Stats> for llama_spec_dflash2_stats {
@@ -69,6 +75,9 @@ impl From<&Stats> for llama_spec_dflash2_stats {
             t_walk_us: s.t_walk_us,
             n_verify_steps: s.n_verify_steps,
             tau: s.tau(),
+            n_ngram_nodes: s.n_ngram_nodes,
+            n_ngram_reached: s.n_ngram_reached,
+            n_ngram_accepted: s.n_ngram_accepted,
         }
     }
 }

@@ -67,7 +67,9 @@ pub struct llama_spec_dflash2_tree_node {
     /// Edge probability: the lattice's softmax of this token given its parent
     /// (the drafter's estimate that it is the target's argmax there). In a
     /// sampled tree: q(token | parent), the probability the token was drawn
-    /// with as its parent's first child (at the draft temperature).
+    /// with as its parent's first child (at the draft temperature). A node only
+    /// an n-gram branch proposed (params.ngram_branches): its measured
+    /// acceptance given its parent's.
     pub prob: f32,
     /// Product of the edge probabilities from the anchor down to this node; the
     /// sum over nodes is the lattice's expectation of accepted tokens.
@@ -86,7 +88,14 @@ pub struct llama_spec_dflash2_tree_node {
 /// the rate at which the target accepted such edges in the trees this engine
 /// verified before (every child of an accepted node counts); the lattice
 /// probability itself until there are such measurements. The nodes' prob and
-/// path_prob stay the lattice's.
+/// path_prob stay the lattice's. N-gram branches (params.ngram_branches): for
+/// each of the sequence's earlier occurrences of its current suffix (ending in
+/// id_last; the best few by match length, one per next token) the tokens that
+/// followed it join the tree as a branch, merged into the lattice's nodes
+/// where they agree; the budget then goes to the nodes of highest estimated
+/// reach of either kind (a branch token's estimate is its measured acceptance
+/// by match length and depth), so a tree may hold fewer lattice nodes than
+/// without branches. A branch's own nodes have no lattice children.
 /// `nodes` (room for `n_nodes_max`, at least the sum of the requests' n_nodes,
 /// n_max for a 0)
 /// receives the trees concatenated in request order; `n_nodes` (room for

@@ -204,6 +204,7 @@ pub fn grow_tree_by(lattice: &Lattice, limits: TreeLimits, n_vocab: usize, edge:
             prob: c.prob,
             path_prob: c.path_prob as f32,
             candidate: c.candidate,
+            ngram: 0,
         });
         expand(&mut frontier, Some(nodes.len() - 1), c.depth, c.candidate, key, c.path_prob);
     }

@@ -5,6 +5,8 @@
 //! Here: the trees themselves (`TreeLimits`, `Node`, `Tree`). Each other job
 //! has its own file:
 //! - `grow`: deterministic best-first growth (`grow_tree`, `grow_tree_by`);
+//! - `merge`: n-gram branches (`crate::ngram`) merged into a grown tree, the
+//!   budget re-spent over both (`merge_branches`);
 //! - `sample`: sampled growth, the tree and its q (`sample_tree`,
 //!   `SampledTree`);
 //! - `encode`: the encoding that verifies a tree in one llama.cpp batch
@@ -51,6 +53,7 @@
 mod accept;
 mod encode;
 mod grow;
+mod merge;
 mod sample;
 #[cfg(test)]
 mod test_support;
@@ -59,6 +62,7 @@ mod verify_sampled;
 pub use accept::{TreeVerdict, accept_greedy, accept_matching};
 pub use encode::{KvOp, VerifyRow};
 pub use grow::{grow_tree, grow_tree_by};
+pub use merge::merge_branches;
 pub use sample::{SampledTree, sample_tree};
 pub use verify_sampled::{Outcome, TreeStep, verify_children, verify_sampled_node, verify_sampled_tree};
 
@@ -119,11 +123,23 @@ pub struct Node {
     /// Product of the edge probabilities from the anchor.
     pub path_prob: f32,
     /// The lattice candidate (index into position `depth`'s K) the node's
-    /// children are scored from.
+    /// children are scored from; [`NOT_IN_LATTICE`] for a node only an n-gram
+    /// branch proposed.
     pub candidate: usize,
+    /// Match length of the n-gram branch that proposed this node too
+    /// (`crate::ngram`); 0: the lattice's alone.
+    pub ngram: u8,
 }
 
+/// [`Node::candidate`] of a node that is not one of the lattice's.
+pub const NOT_IN_LATTICE: usize = usize::MAX;
+
 impl Node {
+    /// The lattice proposed this node (an n-gram branch may have too).
+    pub fn in_lattice(&self) -> bool {
+        self.candidate != NOT_IN_LATTICE
+    }
+
     /// The parent's index, None for the anchor's children.
     pub fn parent(&self) -> Option<usize> {
         usize::try_from(self.parent).ok()
@@ -235,11 +251,17 @@ impl Tree {
     /// The edge probabilities along an accepted `path`, then, when the path's
     /// last node (or the anchor) has children, its first (most probable)
     /// child's: the draft positions the target reached, in the form of a
-    /// chain's confidences for `crate::adaptive`.
+    /// chain's confidences for `crate::adaptive`. Lattice nodes only: the
+    /// path is cut before its first node only an n-gram branch proposed (the
+    /// lattice's chain was not followed beyond it), and the child is the
+    /// first of the lattice's.
     pub fn path_confidences(&self, path: &[usize]) -> Vec<f32> {
-        let mut out: Vec<f32> = path.iter().map(|&i| self.nodes[i].prob).collect();
-        if let Some(next) = self.children(path.last().copied()).next() {
-            out.push(self.nodes[next].prob);
+        let lattice = path.iter().take_while(|&&i| self.nodes[i].in_lattice()).count();
+        let mut out: Vec<f32> = path[..lattice].iter().map(|&i| self.nodes[i].prob).collect();
+        if lattice == path.len() {
+            if let Some(next) = self.children(path.last().copied()).find(|&c| self.nodes[c].in_lattice()) {
+                out.push(self.nodes[next].prob);
+            }
         }
         out
     }

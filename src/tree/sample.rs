@@ -201,7 +201,7 @@ pub(super) fn sample_tree_with<C: Chance>(
         if let Some(key) = parent.priority() {
             frontier.push(key, s);
         }
-        nodes.push(Node { token, parent: s as i32 - 1, depth, prob, path_prob: path as f32, candidate });
+        nodes.push(Node { token, parent: s as i32 - 1, depth, prob, path_prob: path as f32, candidate, ngram: 0 });
         parents.push(open(depth, candidate, path));
         if let Some(key) = parents[nodes.len()].priority() {
             frontier.push(key, nodes.len());

@@ -75,5 +75,5 @@ pub(super) fn check_invariants(t: &Tree) {
 }
 
 pub(super) fn node(token: i32, parent: i32, depth: usize) -> Node {
-    Node { token, parent, depth, prob: 0.5, path_prob: 0.5, candidate: 0 }
+    Node { token, parent, depth, prob: 0.5, path_prob: 0.5, candidate: 0, ngram: 0 }
 }

@@ -21,6 +21,8 @@ impl Spec {
     }
 
     /// Hands the target's last decoded rows to the engine.
+    /// Passes the rows of the target's last decode with their tokens (the
+    /// text n-gram branches match against).
     pub fn process(&self, target: &Target) {
         let rows: Vec<llama_spec_dflash2_row> = target
             .last_rows
@@ -28,7 +30,9 @@ impl Spec {
             .enumerate()
             .map(|(i, r)| llama_spec_dflash2_row { i_batch: i as i32, seq_id: r.seq, pos: r.pos, embd: r.embd })
             .collect();
-        let rc = unsafe { llama_spec_dflash2_process(self.0, rows.as_ptr(), rows.len() as i32) };
+        let tokens: Vec<i32> = target.last_rows.iter().map(|r| r.token).collect();
+        let rc =
+            unsafe { llama_spec_dflash2_process_tokens(self.0, rows.as_ptr(), tokens.as_ptr(), rows.len() as i32) };
         assert_eq!(rc, 0, "process: {}", last_error());
     }
 

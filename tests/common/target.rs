@@ -34,6 +34,8 @@ pub struct DecodedRow {
     pub seq: i32,
     pub pos: i32,
     pub embd: bool,
+    /// The row's token (-1 for an embedding row).
+    pub token: i32,
 }
 
 pub struct Target {
@@ -100,7 +102,8 @@ impl Target {
             let rc = sys::llama_decode(self.ctx, b);
             sys::llama_batch_free(b);
             assert_eq!(rc, 0, "target decode");
-            self.last_rows = rows.iter().map(|r| DecodedRow { seq: r.seq, pos: r.pos, embd: false }).collect();
+            self.last_rows =
+                rows.iter().map(|r| DecodedRow { seq: r.seq, pos: r.pos, embd: false, token: r.token }).collect();
         }
         if let Some(rest) = self.min_decode.and_then(|d| d.checked_sub(start.elapsed())) {
             std::thread::sleep(rest);
@@ -141,8 +144,10 @@ impl Target {
             sys::llama_batch_ext_free(b);
             assert_eq!(rc, 0, "target decode (ext)");
         }
-        self.last_rows =
-            rows.iter().map(|r| DecodedRow { seq: r.seq, pos: r.pos[0], embd: r.token.is_none() }).collect();
+        self.last_rows = rows
+            .iter()
+            .map(|r| DecodedRow { seq: r.seq, pos: r.pos[0], embd: r.token.is_none(), token: r.token.unwrap_or(-1) })
+            .collect();
         self.greedy_of(rows.iter().map(|r| r.logits))
     }
 

@@ -61,6 +61,8 @@ const char * host_args_usage() {
            "  --temp T          target sampling temperature (default 0: greedy; > 0: llama.cpp's temp + dist chain)\n"
            "  --seed S          sampling seed (default 0; prompt i uses S + i)\n"
            "  --draft-temp T    temperature of dflash2's sampled draft walk (default: --temp)\n"
+           "  --ngram-branches N  n-gram branches (continuations of the text's own earlier occurrences) per\n"
+           "                    dflash2 tree draft (default: the library's, 2; 0: none)\n"
            "  --prompt TEXT     a user message (repeatable)\n"
            "  --prompts FILE    user messages, one per line\n"
            "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
@@ -110,6 +112,8 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.seed = to_int(flag, value(), 0);
         } else if (flag == "--target-min-ms") {
             a.params.target_min_ms = to_int(flag, value(), 0);
+        } else if (flag == "--ngram-branches") {
+            a.params.ngram_branches = to_int(flag, value(), 0);
         } else if (flag == "--draft-temp") {
             a.params.draft_temp = to_temp(flag, value());
         } else if (flag == "--rpc") {

@@ -3,9 +3,7 @@
 #include "dflash2.hpp"
 #include "host.h"
 
-namespace {
-
-dflash2::params engine_params(host_target & tgt, int32_t walk) {
+dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
     const host_params & hp = tgt.params;
     dflash2::params params = dflash2::default_params();
     params.devices         = tgt.draft_placement.list();
@@ -15,13 +13,17 @@ dflash2::params engine_params(host_target & tgt, int32_t walk) {
     params.n_threads       = hp.n_threads;
     params.n_threads_batch = hp.n_threads;
     params.walk            = walk;
+    params.ngram_branches  = hp.ngram_branches;
     return params;
 }
+
+namespace {
 
 struct drafter_dflash2 : host_drafter {
     dflash2::engine engine;
 
     std::vector<dflash2::row>           rows;
+    std::vector<llama_token>            tokens;
     std::vector<dflash2::draft_request> requests;
 
     float temp;       // the target's sampling temperature: the drafts' too
@@ -30,14 +32,14 @@ struct drafter_dflash2 : host_drafter {
     bool feed_only; // process() and seq_rm() only: drafts nothing, never calls draft() or accept()
 
     drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only)
-        : engine(tgt.ctx, tgt.params.path_draft, engine_params(tgt, walk)), temp(tgt.params.temp),
+        : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), temp(tgt.params.temp),
           draft_temp(tgt.params.draft_temp), feed_only(feed_only) {}
 
     const char * name() const override { return "dflash2"; }
 
     void process(const common_batch & batch) override {
-        dflash2_rows_from_batch(batch, rows);
-        engine.process(rows);
+        dflash2_rows_from_batch(batch, rows, tokens);
+        engine.process(rows, tokens);
     }
 
     void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) override {

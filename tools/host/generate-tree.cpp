@@ -46,14 +46,15 @@ tree_ids ids_of(int32_t k, int32_t np, int32_t n_leaves) {
 struct prefill_drafter : host_drafter {
     dflash2::engine & engine;
     std::vector<dflash2::row> rows;
+    std::vector<llama_token> tokens;
 
     explicit prefill_drafter(dflash2::engine & engine) : engine(engine) {}
 
     const char * name() const override { return "dflash2-tree"; }
 
     void process(const common_batch & batch) override {
-        dflash2_rows_from_batch(batch, rows);
-        engine.process(rows);
+        dflash2_rows_from_batch(batch, rows, tokens);
+        engine.process(rows, tokens);
     }
 
     void draft(const std::vector<draft_request> &, std::vector<std::vector<llama_token>> &) override {}
@@ -275,13 +276,7 @@ int32_t host_tree_seq_ids(int32_t np, int32_t n_leaves) {
 
 host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
         const std::vector<std::vector<llama_token>> & prompts) {
-    dflash2::params params = dflash2::default_params();
-    params.n_seq           = (uint32_t) tgt.params.n_seq;
-    params.n_max           = tgt.params.n_max;
-    params.n_threads       = tgt.params.n_threads;
-    params.n_threads_batch = tgt.params.n_threads;
-    params.walk            = walk;
-    dflash2::engine engine(tgt.ctx, tgt.params.path_draft, params);
+    dflash2::engine engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk));
 
     host_generation gen;
     gen.tokens.resize(prompts.size());

@@ -18,6 +18,7 @@
 
 #include "common.h"
 #include "devices.h"
+#include "dflash2.hpp"
 #include "llama.h"
 
 #include <cstdint>
@@ -44,6 +45,9 @@ struct host_params {
     int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
     float   draft_temp = -1.0f; // dflash2's sampled draft walk temperature (< 0: temp)
     int32_t target_min_ms = 0; // every target decode takes at least this long (a slow target whose rows are nearly free)
+    int32_t ngram_branches = -1; // dflash2's n-gram branches per tree draft (-1: the library's default, 0: none)
+    int32_t ngram_size_n = 0; // llama.cpp's n-gram types: lookup size n and draft size m (0: llama.cpp's defaults)
+    int32_t ngram_size_m = 0;
 
     // placement, as llama.cpp's options name it: --rpc HOST:PORT,... registers
     // remote devices; the target's --device / -ngl / -sm / -ts; the drafter's
@@ -197,10 +201,17 @@ struct host_drafter {
 };
 
 std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt);
+// llama.cpp's n-gram speculative types by bench mode name (ngram-simple, ngram-map-k, ...);
+// NULL for another name (drafter-ngram.cpp)
+std::unique_ptr<host_drafter> make_drafter_ngram(host_target & tgt, const std::string & mode);
+const std::vector<std::pair<std::string, int>> & host_ngram_modes();
 // walk: an enum llama_spec_dflash2_walk value (0 greedy, as upstream; 1 adaptive).
 // feed_only: the engine gets every decoded row (process, seq_rm) but never drafts
 // (a measurement of what feeding the drafter costs target-only decoding)
 std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk = 0, bool feed_only = false);
+
+// dflash2's engine parameters for tgt's placement, --n-max, threads and --ngram-branches
+dflash2::params host_engine_params(host_target & tgt, int32_t walk);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
@@ -229,6 +240,31 @@ int32_t         host_tree_seq_ids(int32_t np, int32_t n_leaves);
 // mixed instruction prompts (code, math, prose, lists, JSON)
 const std::vector<std::string> & host_builtin_prompts();
 std::vector<std::string>         host_read_prompts(const std::string & path);
+
+// the bench's cost world (cost-world.cpp): real, or GPU-like (every target decode padded
+// to a floor that covers the run's largest verify batch, measured first)
+struct host_cost_world {
+    bool    gpu_like     = false;
+    int32_t requested_ms = 0; // --target-min-ms as given
+    int32_t floor_ms     = 0; // what every target decode takes at least
+    int32_t np           = 0; // the largest verify batch: np sequences x rows_per_seq rows
+    int32_t rows_per_seq = 0;
+    double  measured_ms  = 0.0; // its second slowest decode of seven on this machine, unpadded
+
+    std::string describe() const; // one line for the output
+    std::string json() const;
+};
+
+// measures the largest verify batch and sets tgt.params.target_min_ms to cover it
+// (gpu_like, or a --target-min-ms given); the real world otherwise
+host_cost_world host_set_cost_world(host_target & tgt, bool gpu_like, const std::vector<llama_token> & prompt,
+        int32_t np, int32_t n_seq_ids, int32_t rows_per_seq);
+
+// the second slowest of `reps` target decodes (after an untimed one) of rows_per_seq rows for each of np sequences
+// (after a prompt each), on a fresh context of n_seq_ids ids (0: np), without the
+// --target-min-ms floor: what that floor must cover (cost-world.cpp)
+double host_measure_verify_ms(host_target & tgt, const std::vector<llama_token> & prompt, int32_t np,
+        int32_t n_seq_ids, int32_t rows_per_seq, int reps);
 
 int64_t host_time_us();
 int64_t host_cpu_time_us(); // CPU time of the whole process
