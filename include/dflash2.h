@@ -32,7 +32,8 @@
 // 6: n-gram branches in greedy tree drafts: params.ngram_branches (appended;
 // default on), llama_spec_dflash2_process_tokens (the prompt's tokens),
 // process_batch reads batch.token; stats gained n_ngram_nodes,
-// n_ngram_reached, n_ngram_accepted (appended).
+// n_ngram_reached, n_ngram_accepted (appended); a tree request's max_depth
+// above n_max lets n-gram branches go that deep (was: capped at n_max).
 #define LLAMA_SPEC_DFLASH2_API_VERSION 6
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
@@ -286,7 +287,11 @@ struct llama_spec_dflash2_tree_request {
   // (as many rows as the chain). The tree's 1 + n_nodes rows must fit the
   // target's n_batch and n_ctx.
   int32_t n_nodes;
-  // Deepest node (draft position); 0, or more than the engine's n_max: n_max.
+  // Deepest node (draft position); 0: the engine's n_max. The lattice's
+  // nodes go at most n_max deep (the noise block), n-gram branches
+  // (params.ngram_branches) as deep as this, at most
+  // LLAMA_SPEC_DFLASH2_MAX_DRAFT and n_nodes: a host that wants longer
+  // copies verified asks for more (API version 5 and before: capped at n_max).
   int32_t max_depth;
   // Most children of one node, or of the anchor; 0: no limit. 1 makes the
   // tree the greedy chain llama_spec_dflash2_draft gives.

@@ -24,6 +24,7 @@ use crate::calibration::{self, EdgeCalibration};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::ngram;
+use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::TreeRoom;
 use crate::tree::{
     SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches, sample_tree,
@@ -37,7 +38,9 @@ pub struct TreeRequest {
     pub id_last: i32,
     /// Most nodes (verify rows beyond the anchor); 0: the engine's n_max.
     pub n_nodes: i32,
-    /// Deepest draft position; 0 or more than the engine's n_max: n_max.
+    /// Deepest draft position; 0: the engine's n_max. Lattice nodes go at
+    /// most n_max deep (the noise block's width); n-gram branches as deep as
+    /// this (at most LLAMA_SPEC_DFLASH2_MAX_DRAFT).
     pub max_depth: i32,
     /// Most children of one node (or of the anchor); 0: no limit.
     pub max_children: i32,
@@ -57,8 +60,9 @@ pub struct TreeRequest {
 static FALLBACK_LOGGED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 
 impl Engine {
-    /// The growth limits of a request, or why the target cannot hold its tree.
-    fn tree_limits(&self, r: &TreeRequest, room: &TreeRoom) -> Result<TreeLimits> {
+    /// The growth limits of a request and the depth its n-gram branches may
+    /// reach, or why the target cannot hold its tree.
+    fn tree_limits(&self, r: &TreeRequest, room: &TreeRoom) -> Result<(TreeLimits, usize)> {
         for (name, v) in [
             ("n_nodes", r.n_nodes),
             ("max_depth", r.max_depth),
@@ -99,13 +103,14 @@ impl Engine {
             r.max_leaves as usize
         };
         let depth = if r.max_depth == 0 { self.limits.n_max } else { r.max_depth as usize };
-        Ok(TreeLimits {
+        let limits = TreeLimits {
             n_nodes,
             max_depth: depth.min(self.limits.n_max).min(n_nodes),
             max_children: r.max_children as usize,
             max_leaves,
             p_min: self.limits.p_min,
-        })
+        };
+        Ok((limits, depth.min(LLAMA_SPEC_DFLASH2_MAX_DRAFT).min(n_nodes)))
     }
 
     /// Drafts a tree for each request with one noise-block decode; `room` is
@@ -113,7 +118,8 @@ impl Engine {
     /// its tree outstanding (an empty one needs no accept_tree()).
     pub fn draft_tree(&mut self, reqs: &[TreeRequest], room: usize) -> Result<Vec<Tree>> {
         let target_room = self.target.tree_room();
-        let limits: Vec<TreeLimits> = reqs.iter().map(|r| self.tree_limits(r, &target_room)).collect::<Result<_>>()?;
+        let (limits, mut branch_depths): (Vec<TreeLimits>, Vec<usize>) =
+            reqs.iter().map(|r| self.tree_limits(r, &target_room)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
         let chain: Vec<Request> = reqs
             .iter()
             .zip(&limits)
@@ -149,10 +155,11 @@ impl Engine {
         let plan = self.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
         let mut limits = limits;
         let caps: Vec<usize> = limits.iter().enumerate().map(|(i, l)| plan.cap(i, l.max_depth)).collect();
-        for (l, &cap) in limits.iter_mut().zip(&caps) {
+        for ((l, &cap), branch_depth) in limits.iter_mut().zip(&caps).zip(&mut branch_depths) {
             if cap < l.max_depth {
                 l.max_depth = cap;
                 l.n_nodes = l.n_nodes.min(cap);
+                *branch_depth = (*branch_depth).min(cap);
             }
         }
         for r in reqs {
@@ -175,7 +182,7 @@ impl Engine {
                     let branches = ngram::propose(
                         self.seqs[reqs[i].seq as usize].history.tokens(),
                         reqs[i].id_last,
-                        lim.max_depth,
+                        branch_depths[i],
                         self.ngram_branches,
                     );
                     let ng = &self.ngram_acceptance;
@@ -183,7 +190,7 @@ impl Engine {
                         tree = merge_branches(
                             &tree,
                             &branches,
-                            lim,
+                            TreeLimits { max_depth: branch_depths[i], ..lim },
                             |n| calibration.p(n.depth, n.prob),
                             |m, d| ng.p(m, d),
                         );

@@ -27,7 +27,8 @@ use crate::params::llama_spec_dflash2_params;
 /// 6: n-gram branches in greedy tree drafts: params.ngram_branches (appended;
 /// default on), llama_spec_dflash2_process_tokens (the prompt's tokens),
 /// process_batch reads batch.token; stats gained n_ngram_nodes,
-/// n_ngram_reached, n_ngram_accepted (appended).
+/// n_ngram_reached, n_ngram_accepted (appended); a tree request's max_depth
+/// above n_max lets n-gram branches go that deep (was: capped at n_max).
 pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 6;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION

@@ -26,7 +26,11 @@ pub struct llama_spec_dflash2_tree_request {
     /// (as many rows as the chain). The tree's 1 + n_nodes rows must fit the
     /// target's n_batch and n_ctx.
     pub n_nodes: i32,
-    /// Deepest node (draft position); 0, or more than the engine's n_max: n_max.
+    /// Deepest node (draft position); 0: the engine's n_max. The lattice's
+    /// nodes go at most n_max deep (the noise block), n-gram branches
+    /// (params.ngram_branches) as deep as this, at most
+    /// LLAMA_SPEC_DFLASH2_MAX_DRAFT and n_nodes: a host that wants longer
+    /// copies verified asks for more (API version 5 and before: capped at n_max).
     pub max_depth: i32,
     /// Most children of one node, or of the anchor; 0: no limit. 1 makes the
     /// tree the greedy chain llama_spec_dflash2_draft gives.

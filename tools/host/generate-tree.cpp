@@ -157,7 +157,8 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             r.seq_id     = s.seq;
             r.id_last    = s.id_last;
             r.n_nodes    = n_nodes;
-            r.max_depth  = std::min(tgt.params.n_max, std::max(left, 1));
+            // n-gram branches may go deeper than the lattice's n_max: as deep as the budget
+            r.max_depth  = std::min(std::max(tgt.params.n_max, n_nodes), std::max(left, 1));
             r.max_leaves = n_leaves;
             if (tgt.sampled()) {
                 r.temperature       = tgt.params.temp;
