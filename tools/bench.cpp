@@ -455,7 +455,7 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
 int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree", "--lockstep",
-                "--cost-world", "--ngram-size-n", "--ngram-size-m" });
+                "--cost-world", "--ngram-size-n", "--ngram-size-m", "--auto-tree" });
         if (!args.flags.empty()) {
             throw std::runtime_error("unknown option " + args.flags[0]);
         }
@@ -470,6 +470,11 @@ int main(int argc, char ** argv) {
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
         const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
                                                            : args.params.n_max;
+        // the controller's largest tree (dflash2-auto): --auto-tree, else --tree
+        const int32_t n_auto = args.values.count("--auto-tree")
+                ? host_parse_int_list("--auto-tree", args.values["--auto-tree"])[0] : n_tree;
+        // tree contexts get sequence ids for the larger of the two, so both modes share them
+        const int32_t n_tree_ids = std::max(n_tree, n_auto);
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
         for (auto [flag, field] : { std::pair<const char *, int32_t *>{ "--ngram-size-n", &args.params.ngram_size_n },
                                     { "--ngram-size-m", &args.params.ngram_size_m } }) {
@@ -505,8 +510,8 @@ int main(int argc, char ** argv) {
         const bool    any_tree = std::any_of(modes.begin(), modes.end(), is_tree);
         const int32_t np_max   = *std::max_element(args.np_list.begin(), args.np_list.end());
         const host_cost_world world = host_set_cost_world(tgt, world_name == "gpu-like", prompts[0], np_max,
-                any_tree ? host_tree_seq_ids(np_max, tree_leaves(np_max, n_tree)) : 0,
-                1 + std::max(args.params.n_max, any_tree ? n_tree : 0));
+                any_tree ? host_tree_seq_ids(np_max, tree_leaves(np_max, n_tree_ids)) : 0,
+                1 + std::max(args.params.n_max, any_tree ? n_tree_ids : 0));
         printf("%s\n", world.describe().c_str());
 
         std::vector<mode_result> results;
@@ -523,7 +528,7 @@ int main(int argc, char ** argv) {
             // cache of the other modes: their outputs are compared with target-only on a context like theirs
             std::vector<std::vector<llama_token>> reference_tree;
             if (std::any_of(modes.begin(), modes.end(), is_tree)) {
-                tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree)));
+                tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
                 reference_tree = host_generate(tgt, nullptr, prompts).tokens;
             }
             for (auto & r : at_np) {
@@ -535,7 +540,7 @@ int main(int argc, char ** argv) {
                     mode_result & r = at_np[(k + rep) % modes.size()];
                     host_generation gen;
                     if (is_tree(r.mode)) {
-                        tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree)));
+                        tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
                         gen = host_generate_tree(tgt, n_tree, tree_leaves(np, n_tree),
                                 r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
                                 prompts);
@@ -573,6 +578,7 @@ int main(int argc, char ** argv) {
                 " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --lockstep A,B    two chain modes in turns of 16 steps instead (an A/B under the same load)\n"
+                "  --auto-tree N     the controller's largest tree (dflash2-auto; default --tree)\n"
                 "  --ngram-size-n N, --ngram-size-m M  lookup and draft sizes of llama.cpp's n-gram types (default theirs)\n"
                 "  --cost-world W    real (default) or gpu-like: every target decode padded to a floor that covers\n"
                 "                    the run's largest verify batch, measured first (raises a lower --target-min-ms)\n"

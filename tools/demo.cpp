@@ -54,7 +54,7 @@ int main(int argc, char ** argv) {
         if (walk != "adaptive" && walk != "greedy") {
             throw std::runtime_error("--walk is adaptive or greedy, got " + walk);
         }
-        const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0] : 64;
+        const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0] : 32;
         if (n_tree < 1 || n_tree > HOST_MAX_DRAFT) {
             throw std::runtime_error("--tree needs 1 to " + std::to_string(HOST_MAX_DRAFT) + " nodes");
         }
@@ -169,7 +169,7 @@ int main(int argc, char ** argv) {
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n"
                 "  --walk W          adaptive (default: the controller, trees) or greedy (the greedy chain)\n"
-                "  --tree N          most nodes of the controller's trees (default 64)\n", e.what(),
+                "  --tree N          most nodes of the controller's trees (default 32, as llama-server's)\n", e.what(),
                 host_args_usage());
         return 2;
     }
