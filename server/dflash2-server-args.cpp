@@ -75,6 +75,7 @@ bool dflash2_server_take_args(int & argc, char ** argv) {
                 return false;
             }
             opts.tree_nodes = (int32_t) n;
+            opts.tree_given = true;
         } else if (arg == "--spec-dflash2-upstream") {
             opts.use_upstream = true;
         } else {
@@ -83,5 +84,11 @@ bool dflash2_server_take_args(int & argc, char ** argv) {
     }
     argc = out;
     argv[argc] = nullptr;
+    // the adaptive walk's controller sizes each step's draft (none, a chain or a
+    // tree of up to the budget), so it gets trees by default; the greedy walk
+    // always grows a tree to its request, so it drafts chains unless asked
+    if (!opts.tree_given) {
+        opts.tree_nodes = opts.walk == LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE ? DFLASH2_SERVER_TREE_DEFAULT_NODES : 0;
+    }
     return true;
 }
