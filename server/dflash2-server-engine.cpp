@@ -201,16 +201,7 @@ struct spec_dflash2 : dflash2_server_spec {
 
     void print_stats() const override {
         dflash2_server_log_stats(engine.get_stats(), engine.n_max());
-        dflash2_server_slot_counters sum;
-        for (const auto & c : counters) {
-            sum.n_drafted            += c.n_drafted;
-            sum.n_steps_none         += c.n_steps_none;
-            sum.n_steps_chain        += c.n_steps_chain;
-            sum.n_steps_tree         += c.n_steps_tree;
-            sum.n_tree_steps         += c.n_tree_steps;
-            sum.n_tree_branched      += c.n_tree_branched;
-            sum.n_tree_side_accepted += c.n_tree_side_accepted;
-        }
+        const dflash2_server_slot_counters sum = dflash2_server_counters_sum(counters);
         const int64_t n_drafting = sum.n_steps_chain + sum.n_steps_tree;
         LOG_INF("dflash2: %s walk, steps with no draft %lld, a chain %lld, a tree %lld; %.2f nodes per verify step\n",
                 walk(), (long long) sum.n_steps_none, (long long) sum.n_steps_chain, (long long) sum.n_steps_tree,

@@ -45,6 +45,8 @@ dflash2_server_spec * dflash2_server_spec_for(llama_context * ctx_tgt);
 
 // dflash2's statistics after a step, kept for /metrics (rendered on the HTTP thread)
 void dflash2_server_publish_stats(const dflash2::stats & stats, int32_t n_max);
+// the slots' counters summed (accepted_at left empty)
+dflash2_server_slot_counters dflash2_server_counters_sum(const std::vector<dflash2_server_slot_counters> & counters);
 // the slots' step counters after a draft, summed for /metrics
 void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters);
 // dflash2's statistics as log lines

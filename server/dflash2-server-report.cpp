@@ -18,14 +18,24 @@ dflash2_server_slot_counters g_steps;
 
 } // namespace
 
-void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters) {
+dflash2_server_slot_counters dflash2_server_counters_sum(const std::vector<dflash2_server_slot_counters> & counters) {
     dflash2_server_slot_counters sum;
     for (const auto & c : counters) {
-        sum.n_drafted     += c.n_drafted;
-        sum.n_steps_none  += c.n_steps_none;
-        sum.n_steps_chain += c.n_steps_chain;
-        sum.n_steps_tree  += c.n_steps_tree;
+        sum.n_drafted            += c.n_drafted;
+        sum.n_accepted           += c.n_accepted;
+        sum.n_verify_steps       += c.n_verify_steps;
+        sum.n_steps_none         += c.n_steps_none;
+        sum.n_steps_chain        += c.n_steps_chain;
+        sum.n_steps_tree         += c.n_steps_tree;
+        sum.n_tree_steps         += c.n_tree_steps;
+        sum.n_tree_branched      += c.n_tree_branched;
+        sum.n_tree_side_accepted += c.n_tree_side_accepted;
     }
+    return sum;
+}
+
+void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters) {
+    const dflash2_server_slot_counters sum = dflash2_server_counters_sum(counters);
     std::lock_guard<std::mutex> lock(g_stats_mutex);
     g_steps = sum;
 }

@@ -148,11 +148,11 @@ void dflash2_server_tree::init(llama_context * ctx, int32_t n_slots_, int32_t n_
                 budget_name(n_nodes_).c_str(), llama_n_batch(ctx), n_slots_, std::max(fit, 0), std::max(fit, 0));
         nodes = fit;
     }
-    // a step keeps room for (1 + 2 x slots) trees' cells (has_room) and parks the
+    // a step wants free cells for up to 2 x slots trees (has_room) and parks the
     // cells off the accepted path: the default budget keeps that reserve within a
     // quarter of the cache, so that small contexts are not short of cells for
     // trees (and their parked cells freed) request after request
-    const int32_t fit_ctx = (int32_t) llama_n_ctx(ctx) / (4 * (1 + 2 * n_slots_)) - 1;
+    const int32_t fit_ctx = (int32_t) llama_n_ctx(ctx) / (4 * 2 * n_slots_) - 1;
     if (!dflash2_server_opts().tree_given && fit_ctx < nodes) {
         LOG_INF("dflash2: %s: a context of %u cells keeps trees of up to %d nodes\n", budget_name(n_nodes_).c_str(),
                 llama_n_ctx(ctx), std::max(fit_ctx, 0));

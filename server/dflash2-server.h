@@ -31,7 +31,9 @@
 //                                 the greedy one; needs a unified KV cache (-kvu; one slot gets one,
 //                                 and so does llama-server's automatic -np) and a pure-attention
 //                                 target, otherwise chains
-// returns false with a message on stderr for a bad value
+// The value options may also be set, as llama.cpp's own, by environment variables
+// LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE, _IMAGE_ROWS, _WALK and _TREE; the command line
+// wins. Returns false with a message on stderr for a bad value.
 bool dflash2_server_take_args(int & argc, char ** argv);
 
 // an RPC server that does not answer at start-up or goes away while serving
