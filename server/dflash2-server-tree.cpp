@@ -45,6 +45,11 @@ bool target_can_branch(const std::string & path) {
 
 const char * RECURRENT = "the target's memory is recurrent or hybrid and cannot branch";
 const char * SPLIT     = "the KV cache is not unified (add -kvu)";
+// a cache run full frees the parked cells (has_room) and a shift leaves holes:
+// cells are then reused out of position order and outputs drift from
+// target-only decoding in the last bits; the default budget keeps off that
+const char * SHIFT     = "--context-shift runs the KV cache full, where the parked cells of trees would be freed "
+                         "and their cells reused out of position order";
 
 // what the log lines call the tree budget: the flag, or the adaptive walk's default
 std::string budget_name(int32_t n_nodes) {
@@ -78,6 +83,8 @@ int32_t dflash2_server_tree_plan(common_params & params) {
     const char * why = nullptr;
     if (!params.kv_unified && n_slots > 1) {
         why = SPLIT;
+    } else if (!opts.tree_given && params.ctx_shift) {
+        why = SHIFT;
     } else if (!target_can_branch(params.model.path)) {
         why = RECURRENT;
     } else if (!params.kv_unified) {

@@ -30,7 +30,8 @@
 //                                 or sampled; 0 = chains); default 32 with the adaptive walk, 0 with
 //                                 the greedy one; needs a unified KV cache (-kvu; one slot gets one,
 //                                 and so does llama-server's automatic -np) and a pure-attention
-//                                 target, otherwise chains
+//                                 target, otherwise chains; the default budget also drafts chains
+//                                 under --context-shift and shrinks in a small context
 // The value options may also be set, as llama.cpp's own, by environment variables
 // LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE, _IMAGE_ROWS, _WALK and _TREE; the command line
 // wins. Returns false with a message on stderr for a bad value.

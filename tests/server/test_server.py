@@ -241,13 +241,21 @@ def test_cache_reuse_keeps_answers_identical(ref, spec):
 
 
 @with_servers(("reference", ["-np", "1", "-c", "256", "--context-shift"]),
-              ("dflash2", ["-np", "1", "-c", "256", "--context-shift"] + [DRAFT]))
-def test_generation_past_the_context_shifts_identically(ref, spec):
+              ("dflash2", ["-np", "1", "-c", "256", "--context-shift"] + [DRAFT]),
+              ("default", ["-np", "1", "-c", "256", "--context-shift"] + [DEFAULT_DRAFT]))
+def test_generation_past_the_context_shifts_identically(ref, spec, default):
+    # the default budget yields to chains under --context-shift: a cache run full
+    # would free trees' parked cells and reuse them out of position order
     prompt = "Count from one to one hundred in words, separated by commas:"
     want = ref.complete(prompt, n_predict=400, ignore_eos=True)
-    got = spec.complete(prompt, n_predict=400, ignore_eos=True)
-    assert "context shift" in spec.log_text().lower() or "n_discard" in spec.log_text(), "no context shift happened"
-    assert got == want, f"after a context shift:\n  dflash2:   {got[-120:]!r}\n  reference: {want[-120:]!r}"
+    for server in (spec, default):
+        got = server.complete(prompt, n_predict=400, ignore_eos=True)
+        log = server.log_text()
+        assert "context shift" in log.lower() or "n_discard" in log, "no context shift happened"
+        assert got == want, f"after a context shift:\n  {server.name}: {got[-120:]!r}\n  reference: {want[-120:]!r}"
+    assert "I dflash2: trees (the adaptive walk's default budget of 32 nodes): --context-shift runs the KV cache " \
+           "full" in default.log_text()
+    assert default.request("GET", "/slots")[0]["draft"]["tree_budget"] == 0
 
 
 def slots_run(server, save_dir):
