@@ -245,10 +245,15 @@ def last_error_line(text):
 
 # --------------------------------------------------------------------- server
 
+# the placements' server rows draft greedy chains (greedy trees with --spec-dflash2-tree),
+# not the server's default controller: every step drafts, which their "drafts" checks need
+GREEDY = ["--spec-dflash2-walk", "greedy"]
+
+
 def server_args(placement, rpc, extra, with_drafter):
     args = rpc.flag() + placement.server_flags(with_drafter) + extra
     if with_drafter:
-        args += ["-md", ARGS.draft, "--spec-type", "draft-dflash"]
+        args += ["-md", ARGS.draft, "--spec-type", "draft-dflash"] + GREEDY
     return args
 
 
@@ -541,7 +546,7 @@ def fixture_server_row(placement, rpc, kind):
     ref_rpc = Rpc(placement.n_rpc)
     ref = start("reference", ref_rpc.flag() + placement.server_flags(False) + common, placement, target)
     spec = start("dflash2", rpc.flag() + placement.server_flags(True) + common
-                 + ["-md", draft, "--spec-type", "draft-dflash"], placement, target)
+                 + ["-md", draft, "--spec-type", "draft-dflash"] + GREEDY, placement, target)
     servers = [ref, spec]
     same = n = 0
     try:

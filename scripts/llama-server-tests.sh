@@ -4,8 +4,11 @@
 # models, differentially: once without a drafter, once with a DFlash2 drafter
 # served by dflash2 on every server start (scripts/llama-server-tests/dflash2_presets.py).
 #
-#   scripts/llama-server-tests.sh [--all [-k EXPR] [--timeout S]] [DRAFTER.gguf]
+#   scripts/llama-server-tests.sh [--all [-k EXPR] [--timeout S]] [--walk W] [DRAFTER.gguf]
 #
+# The run with the drafter serves it with the server's defaults (the adaptive walk,
+# trees of up to 32 nodes), or with --walk W (adaptive | greedy, the server's
+# --spec-dflash2-walk, through LLAMA_ARG_SPEC_DFLASH2_WALK).
 # Default: the tests on probabilities (test_n_probs*, test_logprobs*); both runs
 # must pass. --all: the whole tools/server/tests/unit suite (-k: the tests that
 # match pytest's EXPR), S seconds per test at most (default 300); tests that need
@@ -31,10 +34,12 @@ all=0
 timeout=300
 select=()
 drafter=
+walk=
 while [ $# -gt 0 ]; do
     case "$1" in
         --all) all=1 ;;
         --timeout) timeout=$2; shift ;;
+        --walk) walk=$2; shift ;;
         -k) select=(-k "$2"); shift ;;
         -*) echo "unknown option $1" >&2; exit 2 ;;
         *) drafter=$1 ;;
@@ -114,6 +119,7 @@ run_mode() { # without|with: one run of the tests, its own tree and port; log in
         PORT=$(free_port)
         export PYTHONPATH="$suite:$root/scripts/llama-server-tests"
         if [ "$mode" = with ]; then export DFLASH2_DRAFT="$drafter"; else unset DFLASH2_DRAFT; fi
+        if [ "$mode" = with ] && [ -n "$walk" ]; then export LLAMA_ARG_SPEC_DFLASH2_WALK="$walk"; fi
         cd "$suite"
         exec "$venv/bin/pytest" -p dflash2_presets -p no:cacheprovider -q --junitxml="$results/$mode.xml" "${tests[@]}"
     ) >"$results/$mode.log" 2>&1 || rc=$?
@@ -124,7 +130,7 @@ run_mode() { # without|with: one run of the tests, its own tree and port; log in
 # the two runs side by side (each server on one thread): the whole suite takes
 # 52 minutes without the drafter, well over an hour with it, side by side on two busy cores (2026-11-29)
 status=0
-echo "== $what, without and with the DFlash2 drafter $drafter (logs: $results/{without,with}.log)"
+echo "== $what, without and with the DFlash2 drafter $drafter (walk: ${walk:-the server default}; logs: $results/{without,with}.log)"
 run_mode without & without_pid=$!
 run_mode with & with_pid=$!
 wait $without_pid || status=1

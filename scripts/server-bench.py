@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Server-side numbers: llama-server without a drafter, with dflash2, and with
-llama.cpp's own draft-dflash (--spec-dflash2-upstream), at each -np, on the same
+"""Server-side numbers: llama-server without a drafter (ar), with dflash2's greedy
+chains (dflash2: --spec-dflash2-walk greedy, upstream's drafts), with the server's
+default (adaptive: the controller, trees where the cache can branch) and with
+llama.cpp's own draft-dflash (upstream: --spec-dflash2-upstream), at each -np, on the same
 prompts. Sends every prompt concurrently (np at a time), reports aggregate
 tokens/s, acceptance from /metrics, and whether every answer equals the
 no-drafter server's.
@@ -12,7 +14,7 @@ and the acceptance by draft position (accepted at position i per verify step,
 from /slots) of dflash2 and upstream in the same run.
 
     scripts/server-bench.py --server BIN --target GGUF --draft GGUF [--np 1,4] [--n-predict 128]
-                            [--temp 0.8] [--seed 1] [--modes ar,upstream,dflash2]
+                            [--temp 0.8] [--seed 1] [--modes ar,upstream,dflash2,adaptive]
 """
 
 import argparse
@@ -66,6 +68,8 @@ def run(args, mode, np_):
         cmd += ["-md", args.draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", str(args.n_max)]
     if mode == "upstream":
         cmd += ["--spec-dflash2-upstream"]
+    elif mode == "dflash2":
+        cmd += ["--spec-dflash2-walk", "greedy"]
     log = open(os.devnull, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -114,7 +118,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--temp", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--modes", default="ar,upstream,dflash2")
+    ap.add_argument("--modes", default="ar,upstream,dflash2,adaptive")
     args = ap.parse_args()
     modes = args.modes.split(",")
     print(f"{'np':>3} {'mode':9} {'tok/s':>8} {'tokens':>7} {'accepted/drafted':>17} {'tau':>5} identical")

@@ -45,9 +45,25 @@ struct spec_dflash2 : dflash2_server_spec {
                 path_draft.c_str(), engine.n_max(), engine.block_size());
         const dflash2_server_options & opts = dflash2_server_opts();
         tree.init(ctx_tgt, n_parallel, opts.tree_nodes, opts.tree_leaves);
+        const std::string budget = tree.on() ? string_format("trees of up to %d nodes per slot and step", tree.n_nodes)
+                                             : std::string("chains");
+        LOG_INF("dflash2: %s walk, %s (default: the adaptive walk with trees of up to %d nodes where the KV cache "
+                "can branch, chains elsewhere; --spec-dflash2-walk greedy: upstream's greedy chains; "
+                "--spec-dflash2-tree N: the tree budget, 0 = chains)\n", walk(), budget.c_str(),
+                DFLASH2_SERVER_TREE_DEFAULT_NODES);
     }
 
     const char * name() const override { return "dflash2"; }
+
+    const char * walk() const override {
+        return dflash2_server_opts().walk == LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE ? "adaptive" : "greedy";
+    }
+
+    int32_t tree_budget() const override { return tree.n_nodes; }
+
+    bool drafted_branch(llama_seq_id seq_id) const override {
+        return tree.active(seq_id) && tree.slots[seq_id].branched;
+    }
 
     common_speculative_draft_params & draft_params(llama_seq_id seq_id) override { return dparams.at(seq_id); }
 
@@ -186,13 +202,12 @@ struct spec_dflash2 : dflash2_server_spec {
 
     void print_stats() const override {
         dflash2_server_log_stats(engine.get_stats(), engine.n_max());
+        const dflash2_server_slot_counters sum = dflash2_server_counters_sum(counters);
+        const int64_t n_drafting = sum.n_steps_chain + sum.n_steps_tree;
+        LOG_INF("dflash2: %s walk, steps with no draft %lld, a chain %lld, a tree %lld; %.2f nodes per verify step\n",
+                walk(), (long long) sum.n_steps_none, (long long) sum.n_steps_chain, (long long) sum.n_steps_tree,
+                n_drafting > 0 ? (double) sum.n_drafted / n_drafting : 0.0);
         if (tree.on()) {
-            dflash2_server_slot_counters sum;
-            for (const auto & c : counters) {
-                sum.n_tree_steps         += c.n_tree_steps;
-                sum.n_tree_branched      += c.n_tree_branched;
-                sum.n_tree_side_accepted += c.n_tree_side_accepted;
-            }
             LOG_INF("dflash2: trees verified %lld, with a branch %lld, accepted through a branch off the chain %lld\n",
                     (long long) sum.n_tree_steps, (long long) sum.n_tree_branched, (long long) sum.n_tree_side_accepted);
         }

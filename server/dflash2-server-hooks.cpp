@@ -28,10 +28,22 @@ void common_speculative_draft(dflash2_server_spec * spec) {
     }
     spec->draft();
     for (size_t seq = 0; seq < results.size(); ++seq) {
-        if (results[seq]) {
-            spec->counters[seq].n_drafted += (int64_t) results[seq]->size();
+        if (!results[seq]) {
+            continue;
+        }
+        auto & c = spec->counters[seq];
+        const int64_t n = (int64_t) results[seq]->size();
+        c.n_drafted    += n;
+        c.n_nodes_last  = n;
+        if (n == 0) {
+            c.n_steps_none += 1;
+        } else if (spec->drafted_branch((llama_seq_id) seq)) {
+            c.n_steps_tree += 1;
+        } else {
+            c.n_steps_chain += 1;
         }
     }
+    dflash2_server_publish_steps(spec->counters);
 }
 
 void common_speculative_accept(dflash2_server_spec * spec, llama_seq_id seq_id, uint16_t n_accepted) {

@@ -11,13 +11,17 @@
 
 // the most nodes --spec-dflash2-tree takes per slot
 #define DFLASH2_SERVER_TREE_MAX_NODES 256
+// the tree budget per slot and step of the adaptive walk (the default) when
+// --spec-dflash2-tree is not given: the controller picks k <= this many nodes
+#define DFLASH2_SERVER_TREE_DEFAULT_NODES 32
 
 // our command-line options (dflash2-server-args.cpp)
 struct dflash2_server_options {
-    int32_t walk         = LLAMA_SPEC_DFLASH2_WALK_GREEDY;
+    int32_t walk         = LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE;
     int32_t block_size   = 0;
     int32_t image_rows   = LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT;
-    int32_t tree_nodes   = 0;     // --spec-dflash2-tree: nodes per slot and step; 0 = chains
+    int32_t tree_nodes   = 0;     // nodes per slot and step; 0 = chains (--spec-dflash2-tree, else the walk's default)
+    bool    tree_given   = false; // --spec-dflash2-tree was given (else the default budget, which yields where trees do not fit)
     bool    use_upstream = false;
     bool    init_failed  = false; // dflash2 was asked for and no engine could be created
 
@@ -41,6 +45,10 @@ dflash2_server_spec * dflash2_server_spec_for(llama_context * ctx_tgt);
 
 // dflash2's statistics after a step, kept for /metrics (rendered on the HTTP thread)
 void dflash2_server_publish_stats(const dflash2::stats & stats, int32_t n_max);
+// the slots' counters summed (accepted_at left empty)
+dflash2_server_slot_counters dflash2_server_counters_sum(const std::vector<dflash2_server_slot_counters> & counters);
+// the slots' step counters after a draft, summed for /metrics
+void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters);
 // dflash2's statistics as log lines
 void dflash2_server_log_stats(const dflash2::stats & stats, int32_t n_max);
 
@@ -111,6 +119,7 @@ struct dflash2_server_tree {
         std::vector<dflash2::tree_node>        nodes;
         std::vector<std::vector<llama_seq_id>> ids;            // per node: the path ids of the leaves below it
         int32_t                                n_leaves = 0;
+        bool                                   branched = false; // a node (or the anchor) has more than one child
         llama_pos                              anchor   = -1;  // the anchor's position (n_past)
         std::vector<int32_t>                   path;           // accepted nodes, set by verification
         bool                                   verified = false;

@@ -119,10 +119,12 @@ int32_t dflash2_server_output_n_max(const common_params & params) {
         const dflash2::checkpoint_info info = dflash2::checkpoint_check(params.speculative.draft.mparams.path);
         const int32_t block_size = dflash2_server_opts().block_size;
         const int32_t block = block_size > 0 ? std::min<int32_t>(block_size, info.block_size) : (int32_t) info.block_size;
-        // a tree's rows (--spec-dflash2-tree) may outnumber the chain's
+        // a tree's rows (the tree budget) may outnumber the chain's
         return std::max(std::min(n_max, block - 1), dflash2_server_opts().tree_nodes);
     } catch (const dflash2::error &) {
-        return n_max; // init reports the error
+        // init reports the error; until then the context is created with the
+        // tree plan's sequence ids, one output each
+        return std::max(n_max, dflash2_server_opts().tree_nodes);
     }
 }
 

@@ -13,7 +13,32 @@ std::mutex     g_stats_mutex;
 dflash2::stats g_stats       = {};
 int32_t        g_stats_n_max = 0;
 
+// the slots' step counters summed, for /metrics (same mutex)
+dflash2_server_slot_counters g_steps;
+
 } // namespace
+
+dflash2_server_slot_counters dflash2_server_counters_sum(const std::vector<dflash2_server_slot_counters> & counters) {
+    dflash2_server_slot_counters sum;
+    for (const auto & c : counters) {
+        sum.n_drafted            += c.n_drafted;
+        sum.n_accepted           += c.n_accepted;
+        sum.n_verify_steps       += c.n_verify_steps;
+        sum.n_steps_none         += c.n_steps_none;
+        sum.n_steps_chain        += c.n_steps_chain;
+        sum.n_steps_tree         += c.n_steps_tree;
+        sum.n_tree_steps         += c.n_tree_steps;
+        sum.n_tree_branched      += c.n_tree_branched;
+        sum.n_tree_side_accepted += c.n_tree_side_accepted;
+    }
+    return sum;
+}
+
+void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters) {
+    const dflash2_server_slot_counters sum = dflash2_server_counters_sum(counters);
+    std::lock_guard<std::mutex> lock(g_stats_mutex);
+    g_steps = sum;
+}
 
 void dflash2_server_publish_stats(const dflash2::stats & stats, int32_t n_max) {
     std::lock_guard<std::mutex> lock(g_stats_mutex);
@@ -44,22 +69,32 @@ std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq
     for (size_t i = 0; i < c.accepted_at.size(); ++i) {
         per_pos += string_format("%s%lld", i ? ", " : "", (long long) c.accepted_at[i]);
     }
+    // the budgets the steps got: a drafting step is verified, so the mean is per verify step
+    const int64_t n_drafting = c.n_steps_chain + c.n_steps_tree;
+    const std::string steps = string_format("{\"n_none\": %lld, \"n_chain\": %lld, \"n_tree\": %lld, "
+            "\"last_nodes\": %lld, \"mean_nodes\": %.3f}", (long long) c.n_steps_none, (long long) c.n_steps_chain,
+            (long long) c.n_steps_tree, (long long) c.n_nodes_last,
+            n_drafting > 0 ? (double) c.n_drafted / n_drafting : 0.0);
     // the verification mode: greedy, rejection-sampling, or "sample-and-match: why"
     // (its reasons have no quotes or backslashes)
-    return string_format("{\"engine\": \"%s\", \"verify\": \"%s\", \"n_drafted\": %lld, \"n_accepted\": %lld, "
-            "\"n_verify_steps\": %lld, \"accepted_at\": [%s], \"tree\": {\"n_steps\": %lld, \"n_branched\": %lld, "
-            "\"n_side_accepted\": %lld}}", spec->name(), spec->verify_mode(seq_id).c_str(),
+    return string_format("{\"engine\": \"%s\", \"walk\": \"%s\", \"tree_budget\": %d, \"verify\": \"%s\", "
+            "\"n_drafted\": %lld, \"n_accepted\": %lld, \"n_verify_steps\": %lld, \"accepted_at\": [%s], "
+            "\"steps\": %s, \"tree\": {\"n_steps\": %lld, \"n_branched\": %lld, \"n_side_accepted\": %lld}}",
+            spec->name(), spec->walk(), spec->tree_budget(), spec->verify_mode(seq_id).c_str(),
             (long long) c.n_drafted, (long long) c.n_accepted, (long long) c.n_verify_steps, per_pos.c_str(),
-            (long long) c.n_tree_steps, (long long) c.n_tree_branched, (long long) c.n_tree_side_accepted);
+            steps.c_str(), (long long) c.n_tree_steps, (long long) c.n_tree_branched,
+            (long long) c.n_tree_side_accepted);
 }
 
 std::string dflash2_server_metrics() {
     dflash2::stats s;
     int32_t n_max = 0;
+    dflash2_server_slot_counters steps;
     {
         std::lock_guard<std::mutex> lock(g_stats_mutex);
         s     = g_stats;
         n_max = g_stats_n_max;
+        steps = g_steps;
     }
     if (n_max <= 0) {
         return "";
@@ -76,6 +111,16 @@ std::string dflash2_server_metrics() {
     counter("dflash2_rejected_rows_total", "verify rows kept out of the draft KV", (double) s.n_rejected_rows);
     counter("dflash2_draft_decode_seconds_total", "time in noise-block decodes", s.t_draft_us / 1e6);
     counter("dflash2_inject_seconds_total", "time in injection decodes", s.t_inject_us / 1e6);
+    // the budgets the steps got (the adaptive walk's choices): the mean nodes per
+    // verify step is dflash2_verified_nodes_total / (steps of kind chain + tree)
+    out += "# HELP llamacpp:dflash2_steps_total slot steps that asked for a draft, by the draft they got "
+           "(none, chain, tree: one with a branch)\n"
+           "# TYPE llamacpp:dflash2_steps_total counter\n";
+    out += string_format("llamacpp:dflash2_steps_total{kind=\"none\"} %lld\n", (long long) steps.n_steps_none);
+    out += string_format("llamacpp:dflash2_steps_total{kind=\"chain\"} %lld\n", (long long) steps.n_steps_chain);
+    out += string_format("llamacpp:dflash2_steps_total{kind=\"tree\"} %lld\n", (long long) steps.n_steps_tree);
+    counter("dflash2_verified_nodes_total", "drafted chain tokens and tree nodes the target verified",
+            (double) steps.n_drafted);
     out += "# HELP llamacpp:dflash2_drafted_at drafts that proposed a token at draft position pos\n"
            "# TYPE llamacpp:dflash2_drafted_at counter\n";
     for (int32_t i = 0; i < n_max && i < LLAMA_SPEC_DFLASH2_MAX_DRAFT; ++i) {

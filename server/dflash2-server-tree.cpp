@@ -45,6 +45,29 @@ bool target_can_branch(const std::string & path) {
 
 const char * RECURRENT = "the target's memory is recurrent or hybrid and cannot branch";
 const char * SPLIT     = "the KV cache is not unified (add -kvu)";
+// a cache run full frees the parked cells (has_room) and a shift leaves holes:
+// cells are then reused out of position order and outputs drift from
+// target-only decoding in the last bits; the default budget keeps off that
+const char * SHIFT     = "--context-shift runs the KV cache full, where the parked cells of trees would be freed "
+                         "and their cells reused out of position order";
+
+// what the log lines call the tree budget: the flag, or the adaptive walk's default
+std::string budget_name(int32_t n_nodes) {
+    if (dflash2_server_opts().tree_given) {
+        return string_format("--spec-dflash2-tree %d", n_nodes);
+    }
+    return string_format("trees (the adaptive walk's default budget of %d nodes)", n_nodes);
+}
+
+// trees asked for with the flag that cannot be had are worth a warning; the
+// default budget yields to chains quietly (one informative line)
+void log_chains(int32_t n_nodes, const char * why) {
+    if (dflash2_server_opts().tree_given) {
+        LOG_WRN("dflash2: %s: %s: the slots draft chains\n", budget_name(n_nodes).c_str(), why);
+    } else {
+        LOG_INF("dflash2: %s: %s: the slots draft chains\n", budget_name(n_nodes).c_str(), why);
+    }
+}
 
 } // namespace
 
@@ -60,15 +83,17 @@ int32_t dflash2_server_tree_plan(common_params & params) {
     const char * why = nullptr;
     if (!params.kv_unified && n_slots > 1) {
         why = SPLIT;
+    } else if (!opts.tree_given && params.ctx_shift) {
+        why = SHIFT;
     } else if (!target_can_branch(params.model.path)) {
         why = RECURRENT;
     } else if (!params.kv_unified) {
         // one slot: a unified cache holds the same cells in the same order
         params.kv_unified = true;
-        LOG_INF("dflash2: --spec-dflash2-tree %d: one slot, unified KV cache for its path sequence ids\n", n_nodes);
+        LOG_INF("dflash2: %s: one slot, unified KV cache for its path sequence ids\n", budget_name(n_nodes).c_str());
     }
     if (why) {
-        LOG_WRN("dflash2: --spec-dflash2-tree %d: %s: the slots draft chains\n", n_nodes, why);
+        log_chains(n_nodes, why);
         return n_slots;
     }
     // slot k needs its own id, leaves - 1 path ids and a park id: n_slots x (leaves
@@ -78,6 +103,10 @@ int32_t dflash2_server_tree_plan(common_params & params) {
     const int32_t by_seq    = MAX_SEQ / n_slots - 1;
     const int32_t by_batch  = n_batch / n_slots - 1;
     const int32_t n_leaves  = std::min({ n_nodes, by_seq, by_batch });
+    if (n_leaves < std::min(n_nodes, 2) && !opts.tree_given) {
+        log_chains(n_nodes, "too many slots for the sequence ids or outputs of trees of 2 leaves");
+        return n_slots;
+    }
     if (n_leaves < std::min(n_nodes, 2)) {
         opts.tree_refusal = by_seq <= by_batch
             ? string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids do not fit llama.cpp's %d "
@@ -89,8 +118,8 @@ int32_t dflash2_server_tree_plan(common_params & params) {
     }
     opts.tree_leaves = n_leaves;
     if (n_leaves < n_nodes) {
-        LOG_INF("dflash2: --spec-dflash2-tree %d: at most %d leaves per slot (%d slots x (leaves + 1) sequence ids "
-                "within llama.cpp's %d and the batch's %d outputs)\n", n_nodes, n_leaves, n_slots, MAX_SEQ, n_batch);
+        LOG_INF("dflash2: %s: at most %d leaves per slot (%d slots x (leaves + 1) sequence ids within llama.cpp's %d "
+                "and the batch's %d outputs)\n", budget_name(n_nodes).c_str(), n_leaves, n_slots, MAX_SEQ, n_batch);
     }
     return n_slots * (n_leaves + 1);
 }
@@ -115,19 +144,29 @@ void dflash2_server_tree::init(llama_context * ctx, int32_t n_slots_, int32_t n_
         why = "the target context has too few sequence ids";
     }
     if (why) {
-        LOG_WRN("dflash2: --spec-dflash2-tree %d: %s: the slots draft chains\n", n_nodes_, why);
+        log_chains(n_nodes_, why);
         return;
     }
     // every slot's tree in one verify batch (the server verifies within one sub-batch)
     const int32_t fit = (int32_t) llama_n_batch(ctx) / n_slots_ - 1;
     int32_t nodes = n_nodes_;
     if (fit < nodes) {
-        LOG_WRN("dflash2: --spec-dflash2-tree %d: the batch (-b %u) holds %d slots x (1 + %d) rows: trees of %d nodes\n",
-                n_nodes_, llama_n_batch(ctx), n_slots_, std::max(fit, 0), std::max(fit, 0));
+        LOG_WRN("dflash2: %s: the batch (-b %u) holds %d slots x (1 + %d) rows: trees of %d nodes\n",
+                budget_name(n_nodes_).c_str(), llama_n_batch(ctx), n_slots_, std::max(fit, 0), std::max(fit, 0));
         nodes = fit;
     }
+    // a step wants free cells for up to 2 x slots trees (has_room) and parks the
+    // cells off the accepted path: the default budget keeps that reserve within a
+    // quarter of the cache, so that small contexts are not short of cells for
+    // trees (and their parked cells freed) request after request
+    const int32_t fit_ctx = (int32_t) llama_n_ctx(ctx) / (4 * 2 * n_slots_) - 1;
+    if (!dflash2_server_opts().tree_given && fit_ctx < nodes) {
+        LOG_INF("dflash2: %s: a context of %u cells keeps trees of up to %d nodes\n", budget_name(n_nodes_).c_str(),
+                llama_n_ctx(ctx), std::max(fit_ctx, 0));
+        nodes = fit_ctx;
+    }
     if (nodes < 1) {
-        LOG_WRN("dflash2: --spec-dflash2-tree %d: no tree fits the batch: the slots draft chains\n", n_nodes_);
+        log_chains(n_nodes_, "no tree fits the batch or the cache");
         return;
     }
     n_nodes  = nodes;
@@ -208,8 +247,13 @@ void dflash2_server_tree::set(llama_seq_id seq, std::vector<dflash2::tree_node> 
     // carries the ids of the leaves below it, the first leaf's first (a row's
     // attention follows its first id: the prefix, the anchor, its ancestors)
     std::vector<bool> has_child(st.nodes.size(), false);
+    int32_t n_roots = 0; // the anchor's children
+    st.branched = false;
     for (const auto & n : st.nodes) {
-        if (n.parent >= 0) {
+        if (n.parent < 0) {
+            st.branched |= ++n_roots > 1;
+        } else {
+            st.branched |= has_child[n.parent];
             has_child[n.parent] = true;
         }
     }
@@ -277,13 +321,11 @@ void dflash2_server_tree::commit(llama_seq_id seq, dflash2_server_slot_counters 
     for (int32_t i : st.path) {
         on_path[i] = true;
     }
-    std::vector<int32_t> n_children(st.nodes.size() + 1, 0); // [0]: the anchor's
     bool side = false;
     for (size_t i = 0; i < st.nodes.size(); ++i) {
         if (!on_path[i]) {
             st.parked.push_back(n_past + st.nodes[i].depth);
         }
-        n_children[st.nodes[i].parent + 1] += 1;
     }
     // a path node that is not its parent's first child: a token the chain (the
     // first children) would not have drafted
@@ -297,7 +339,7 @@ void dflash2_server_tree::commit(llama_seq_id seq, dflash2_server_slot_counters 
         }
     }
     counters.n_tree_steps += 1;
-    counters.n_tree_branched += *std::max_element(n_children.begin(), n_children.end()) > 1;
+    counters.n_tree_branched += st.branched;
     counters.n_tree_side_accepted += side;
 
     st.active = false;

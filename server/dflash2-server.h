@@ -22,12 +22,19 @@
 // our command-line options, parsed and removed from argv before llama.cpp parses it:
 //   --spec-dflash2-block-size N   noise block below the drafter's trained one (0 = trained)
 //   --spec-dflash2-image-rows M   inject | skip: what the drafter does with image rows
-//   --spec-dflash2-walk W         greedy (as upstream) | adaptive (draft what pays for its verification)
+//   --spec-dflash2-walk W         adaptive (the default: the controller drafts, per step, nothing, a chain
+//                                 or a tree of k <= the tree budget nodes, what pays for its verification)
+//                                 | greedy (as upstream: the greedy chain, trees only with --spec-dflash2-tree)
 //   --spec-dflash2-upstream       serve draft-dflash with llama.cpp's own path (for comparison)
 //   --spec-dflash2-tree N         slots draft and verify trees of up to N nodes per step (greedy
-//                                 or sampled; 0 = chains); needs a unified KV cache (-kvu; one slot gets
-//                                 one) and a pure-attention target, otherwise chains
-// returns false with a message on stderr for a bad value
+//                                 or sampled; 0 = chains); default 32 with the adaptive walk, 0 with
+//                                 the greedy one; needs a unified KV cache (-kvu; one slot gets one,
+//                                 and so does llama-server's automatic -np) and a pure-attention
+//                                 target, otherwise chains; the default budget also drafts chains
+//                                 under --context-shift and shrinks in a small context
+// The value options may also be set, as llama.cpp's own, by environment variables
+// LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE, _IMAGE_ROWS, _WALK and _TREE; the command line
+// wins. Returns false with a message on stderr for a bad value.
 bool dflash2_server_take_args(int & argc, char ** argv);
 
 // an RPC server that does not answer at start-up or goes away while serving
@@ -59,6 +66,14 @@ struct dflash2_server_slot_counters {
     int64_t n_verify_steps = 0;
     std::vector<int64_t> accepted_at; // by draft position
 
+    // the draft each step asking for one got (the adaptive walk's controller chooses
+    // none, a chain or a tree; the greedy walk drafts to its request); n_drafted
+    // holds their tokens or nodes
+    int64_t n_steps_none  = 0; // nothing drafted: the step decodes its sampled token alone
+    int64_t n_steps_chain = 0; // a chain (a drafted tree without a branch is one)
+    int64_t n_steps_tree  = 0; // a tree with a node (or the anchor) of more than one child
+    int64_t n_nodes_last  = 0; // tokens or nodes of the last step's draft (0: none)
+
     // tree verification (--spec-dflash2-tree)
     int64_t n_tree_steps         = 0; // trees verified
     int64_t n_tree_branched      = 0; // of them, trees with a node (or the anchor) of more than one child
@@ -71,6 +86,12 @@ struct dflash2_server_spec {
 
     // "upstream" or "dflash2", for /slots
     virtual const char * name() const = 0;
+    // the walk over the drafter's lattice, "greedy" or "adaptive", for /slots
+    virtual const char * walk() const { return "greedy"; }
+    // the most tree nodes a slot drafts per step (0: chains), for /slots
+    virtual int32_t tree_budget() const { return 0; }
+    // whether the last draft of the slot is a tree with a branch (for the counters)
+    virtual bool drafted_branch(llama_seq_id seq_id) const { (void) seq_id; return false; }
 
     // as the common_speculative_* function of the same name
     virtual common_speculative_draft_params & draft_params(llama_seq_id seq_id) = 0;
@@ -220,5 +241,7 @@ bool dflash2_server_add_draft_rows(dflash2_server_spec * spec, llama_seq_id seq_
 // draft statistics of a slot for /slots (JSON text)
 std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id);
 
-// dflash2's counters for /metrics (prometheus text, empty when no engine serves)
+// dflash2's counters for /metrics (prometheus text, empty when no engine serves):
+// the engine's statistics, and the steps by the draft they got (none, chain,
+// tree) with their drafted nodes, summed over the slots
 std::string dflash2_server_metrics();

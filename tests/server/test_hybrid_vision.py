@@ -25,7 +25,7 @@ import tempfile
 import time
 
 import test_server as ts
-from test_server import DRAFT, LONG, assert_drafting, slots_run
+from test_server import DEFAULT_DRAFT, DRAFT, LONG, assert_drafting, slots_run
 
 PROMPTS = ["the draft model is fast", "one two three", "code: a list of the", "it is not a block but a token and"]
 
@@ -168,6 +168,22 @@ def test_hybrid_with_trees_asked_for_drafts_chains_and_answers_identically(ref, 
         assert slots[0]["draft"]["verify"] == "greedy", slots[0]
 
 
+@on_target(HYBRID, ("reference", ["-np", "1", "-c", "2048"]), ("default", ["-c", "4096"] + [DEFAULT_DRAFT]))
+def test_hybrid_default_server_drafts_chains_with_the_controller_and_answers_identically(ref, default):
+    # the server's defaults (the adaptive walk, trees of up to 32 nodes) on a
+    # target that cannot branch, through llama-server's automatic 4 slots: the
+    # controller sizes chains, and the reason is an info line, not a warning
+    for p in PROMPTS[:2]:
+        want = ref.chat(p, n_predict=24)
+        assert default.chat(p, n_predict=24) == want, p
+    log = default.log_text()
+    assert log.count("I dflash2: trees (the adaptive walk's default budget of 32 nodes): the target's memory is "
+                     "recurrent or hybrid and cannot branch: the slots draft chains") == 1, log[-2000:]
+    assert "dflash2: adaptive walk, chains (default:" in log
+    total = ts.assert_default_budgets(default, 4, tree_budget=0)
+    assert total["n_tree"] == 0, total
+
+
 # ---------------------------------------------------------------- multimodal
 
 VISION = "vision-target.gguf"
@@ -271,6 +287,7 @@ TESTS = [
     test_hybrid_slot_save_and_restore_keep_answers_identical,
     test_hybrid_cancelled_request_leaves_the_server_answering_identically,
     test_hybrid_with_trees_asked_for_drafts_chains_and_answers_identically,
+    test_hybrid_default_server_drafts_chains_with_the_controller_and_answers_identically,
     test_an_image_request_is_answered_identically,
     test_an_image_request_with_image_rows_skipped_is_answered_identically,
     test_image_requests_in_a_row_are_answered_identically,
