@@ -66,11 +66,24 @@ bool set_tree(dflash2_server_options & opts, const char * v) {
     return true;
 }
 
+bool set_ngram(dflash2_server_options & opts, const char * v) {
+    char * end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*v == '\0' || *end != '\0' || n < 0 || n > LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES) {
+        fprintf(stderr, "error: --spec-dflash2-ngram needs 0 (none) to %d n-gram branches per tree, got '%s'\n",
+                LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, v);
+        return false;
+    }
+    opts.ngram_branches = (int32_t) n;
+    return true;
+}
+
 const value_option VALUE_OPTIONS[] = {
     { "--spec-dflash2-block-size", "LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE", set_block_size },
     { "--spec-dflash2-image-rows", "LLAMA_ARG_SPEC_DFLASH2_IMAGE_ROWS", set_image_rows },
     { "--spec-dflash2-walk",       "LLAMA_ARG_SPEC_DFLASH2_WALK",       set_walk       },
     { "--spec-dflash2-tree",       "LLAMA_ARG_SPEC_DFLASH2_TREE",       set_tree       },
+    { "--spec-dflash2-ngram",      "LLAMA_ARG_SPEC_DFLASH2_NGRAM",      set_ngram      },
 };
 
 } // namespace

@@ -111,6 +111,9 @@ std::string dflash2_server_metrics() {
     counter("dflash2_rejected_rows_total", "verify rows kept out of the draft KV", (double) s.n_rejected_rows);
     counter("dflash2_draft_decode_seconds_total", "time in noise-block decodes", s.t_draft_us / 1e6);
     counter("dflash2_inject_seconds_total", "time in injection decodes", s.t_inject_us / 1e6);
+    counter("dflash2_ngram_nodes_total", "tree nodes an n-gram branch proposed", (double) s.n_ngram_nodes);
+    counter("dflash2_ngram_accepted_total", "tree nodes an n-gram branch proposed that the target accepted",
+            (double) s.n_ngram_accepted);
     // the budgets the steps got (the adaptive walk's choices): the mean nodes per
     // verify step is dflash2_verified_nodes_total / (steps of kind chain + tree)
     out += "# HELP llamacpp:dflash2_steps_total slot steps that asked for a draft, by the draft they got "

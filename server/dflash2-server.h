@@ -32,8 +32,10 @@
 //                                 and so does llama-server's automatic -np) and a pure-attention
 //                                 target, otherwise chains; the default budget also drafts chains
 //                                 under --context-shift and shrinks in a small context
+//   --spec-dflash2-ngram N        n-gram branches per tree: continuations of the slot's own text where
+//                                 its current suffix occurred before (default 2; 0 = none)
 // The value options may also be set, as llama.cpp's own, by environment variables
-// LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE, _IMAGE_ROWS, _WALK and _TREE; the command line
+// LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE, _IMAGE_ROWS, _WALK, _TREE and _NGRAM; the command line
 // wins. Returns false with a message on stderr for a bad value.
 bool dflash2_server_take_args(int & argc, char ** argv);
 

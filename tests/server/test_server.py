@@ -354,11 +354,13 @@ def server_with_env(name, args, env):
 
 
 def test_bad_values_of_our_flags_stop_the_server():
-    s = Server("bad-flag", ["--spec-dflash2-block-size", "1"] + [DRAFT])
-    code = s.proc.wait(timeout=60)
-    s.log.close()
-    assert code == 1, code
-    assert "--spec-dflash2-block-size needs" in s.log_text()
+    for flag, value, message in (("--spec-dflash2-block-size", "1", "--spec-dflash2-block-size needs"),
+                                 ("--spec-dflash2-ngram", "99", "--spec-dflash2-ngram needs 0 (none) to 16")):
+        s = Server("bad-flag", [flag, value] + [DRAFT])
+        code = s.proc.wait(timeout=60)
+        s.log.close()
+        assert code == 1, code
+        assert message in s.log_text()
     # our options come from the environment too, as llama.cpp's LLAMA_ARG_*
     s = server_with_env("bad-env", [DEFAULT_DRAFT], {"LLAMA_ARG_SPEC_DFLASH2_WALK": "sideways"})
     code = s.proc.wait(timeout=60)
@@ -546,6 +548,36 @@ def test_trees_answer_equal_the_no_drafter_server():
         steps = tree_counters(tree, 1)[0]["n_steps"]
         assert tree.chat(PROMPTS[3], n_predict=12) == ref.chat(PROMPTS[3], n_predict=12)
         assert tree_counters(tree, 1)[0]["n_steps"] > steps
+
+    run()
+
+
+COPY_PROMPT = "Copy the following sentence three times: The red train leaves the old station at seven in the morning."
+
+
+def test_ngram_branches_follow_copied_text():
+    # trees with n-gram branches (the default, 2 per tree) and without
+    # (--spec-dflash2-ngram 0): both answer as the no-drafter server; only the
+    # first drafts and accepts branch nodes, and accepts more per step
+    @with_servers(("reference", ["-np", "1", "-c", "2048"]),
+                  ("ngram", ["-np", "1", "-c", "2048"] + TREE + tree_drafter()),
+                  ("no-ngram", ["-np", "1", "-c", "2048", "--spec-dflash2-ngram", "0"] + TREE + tree_drafter()))
+    def run(ref, ngram, plain):
+        want = ref.chat(COPY_PROMPT, n_predict=40)
+        per_step = []
+        print(f"  answer: {want!r}")
+        for server in (ngram, plain):
+            assert server.chat(COPY_PROMPT, n_predict=40) == want
+            assert_drafting(server)
+            totals = tree_counters(server, 1)[0]
+            assert totals["n_steps"] > 0, totals
+            per_step.append(totals["n_accepted"] / max(totals["n_steps"], 1))
+        m, m0 = ngram.metrics(), plain.metrics()
+        print(f"  n-gram nodes {m['dflash2_ngram_nodes_total']:.0f}, accepted {m['dflash2_ngram_accepted_total']:.0f}; "
+              f"accepted per tree {per_step[0]:.2f} with branches, {per_step[1]:.2f} without")
+        assert m["dflash2_ngram_accepted_total"] > 0 and m["dflash2_ngram_nodes_total"] >= m["dflash2_ngram_accepted_total"]
+        assert m0["dflash2_ngram_nodes_total"] == 0 and m0["dflash2_ngram_accepted_total"] == 0
+        assert per_step[0] > per_step[1], per_step
 
     run()
 
@@ -815,6 +847,7 @@ TESTS = [
     test_a_sampler_without_its_distribution_falls_back_to_sample_and_match,
     test_drafted_tokens_carry_the_probabilities_of_a_plain_step,
     test_trees_answer_equal_the_no_drafter_server,
+    test_ngram_branches_follow_copied_text,
     test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_server,
     test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy,
     test_trees_fall_back_to_chains_or_refuse_with_a_reason,
