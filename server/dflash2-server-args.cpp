@@ -18,10 +18,16 @@ struct value_option {
     bool (*set)(dflash2_server_options & opts, const char * v);
 };
 
-bool set_block_size(dflash2_server_options & opts, const char * v) {
+// a whole decimal number in [lo, hi]
+bool parse_int(const char * v, long lo, long hi, long & n) {
     char * end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || n < 0 || n == 1 || n > 4096) {
+    n = std::strtol(v, &end, 10);
+    return *v != '\0' && *end == '\0' && n >= lo && n <= hi;
+}
+
+bool set_block_size(dflash2_server_options & opts, const char * v) {
+    long n = 0;
+    if (!parse_int(v, 0, 4096, n) || n == 1) {
         fprintf(stderr, "error: --spec-dflash2-block-size needs 0 (trained) or a block size >= 2, got '%s'\n", v);
         return false;
     }
@@ -54,9 +60,8 @@ bool set_walk(dflash2_server_options & opts, const char * v) {
 }
 
 bool set_tree(dflash2_server_options & opts, const char * v) {
-    char * end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || n < 0 || n > DFLASH2_SERVER_TREE_MAX_NODES) {
+    long n = 0;
+    if (!parse_int(v, 0, DFLASH2_SERVER_TREE_MAX_NODES, n)) {
         fprintf(stderr, "error: --spec-dflash2-tree needs 0 (chains) or the nodes of a slot's tree, 1 to %d, got '%s'\n",
                 DFLASH2_SERVER_TREE_MAX_NODES, v);
         return false;
@@ -67,9 +72,8 @@ bool set_tree(dflash2_server_options & opts, const char * v) {
 }
 
 bool set_ngram(dflash2_server_options & opts, const char * v) {
-    char * end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*v == '\0' || *end != '\0' || n < 0 || n > LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES) {
+    long n = 0;
+    if (!parse_int(v, 0, LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, n)) {
         fprintf(stderr, "error: --spec-dflash2-ngram needs 0 (none) to %d n-gram branches per tree, got '%s'\n",
                 LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, v);
         return false;

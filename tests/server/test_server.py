@@ -612,6 +612,29 @@ def assert_greedy_under(ref, prompt_tokens, got, near_tie=NEAR_TIE):
     return ties
 
 
+def one_at_a_time_then_four_together(ref, spec, n, near_tie, own_picks):
+    """Two prompts one at a time: `spec` answers exactly as `ref`. Then four
+    together: every token `spec` emits is `ref`'s greedy pick after the same tokens
+    or a near-tie with it (teacher forcing), and with own_picks also its own row's
+    greedy pick (probabilities requested)."""
+    prompts = [ref.request("POST", "/tokenize", {"content": p, "add_special": True})["tokens"] for p in PROMPTS]
+    for p in prompts[:2]:
+        want = generate_tokens(ref, p, n)
+        got = generate_tokens(spec, p, n)
+        assert got == want, f"one at a time:\n  got:       {got}\n  reference: {want}"
+    generate = generate_tokens_and_probs if own_picks else (lambda s, p, k: (generate_tokens(s, p, k), None))
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda p: generate(spec, p, n), prompts))
+    ties = []
+    for p, (g, probs) in zip(prompts, outs):
+        assert len(g) == n, len(g)
+        if own_picks:
+            assert_own_greedy_picks(g, probs)
+        ties.append(assert_greedy_under(ref, p, g, near_tie))
+    print(f"  {2 * n} tokens compared one at a time, {4 * n} concurrent; near-ties taken the other way "
+          f"(token, gap in nats) per prompt: {ties}")
+
+
 def test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_server():
     # Trees need a unified KV cache (-kvu), which at -np > 1 rounds differently
     # from split ones: the reference is a -np 4 -kvu server without a drafter.
@@ -627,19 +650,7 @@ def test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_se
 
     @with_servers(("reference", unified), ("tree", unified + TREE + tree_drafter()))
     def run(ref, tree):
-        prompts = [ref.request("POST", "/tokenize", {"content": p, "add_special": True})["tokens"] for p in PROMPTS]
-        for p in prompts[:2]:
-            want = generate_tokens(ref, p, n)
-            got = generate_tokens(tree, p, n)
-            assert got == want, f"one at a time:\n  tree:      {got}\n  reference: {want}"
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(lambda p: generate_tokens(tree, p, n), prompts))
-        ties = []
-        for p, g in zip(prompts, got):
-            assert len(g) == n, len(g)
-            ties.append(assert_greedy_under(ref, p, g))
-        print(f"  {2 * n} tokens compared one at a time, {4 * n} concurrent; near-ties taken the other way "
-              f"(token, gap in nats) per prompt: {ties}")
+        one_at_a_time_then_four_together(ref, tree, n, NEAR_TIE, own_picks=False)
         assert tree.metrics()["spec_decode_num_drafts_total"] >= 4
         assert_trees_verified(tree, 4)
         assert "n_seq_max 36" in tree.log_text(), "4 slots x (8 leaves + 1) sequence ids"
@@ -811,20 +822,7 @@ def test_the_default_server_through_four_parallel_slots_answers_like_the_no_draf
 
     @with_servers(("reference", ["-np", "4", "-kvu", "-c", "4096"]), ("default", ["-c", "4096"] + default_drafter()))
     def run(ref, default):
-        prompts = [ref.request("POST", "/tokenize", {"content": p, "add_special": True})["tokens"] for p in PROMPTS]
-        for p in prompts[:2]:
-            want = generate_tokens(ref, p, n)
-            got = generate_tokens(default, p, n)
-            assert got == want, f"one at a time:\n  default:   {got}\n  reference: {want}"
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            outs = list(pool.map(lambda p: generate_tokens_and_probs(default, p, n), prompts))
-        ties = []
-        for p, (g, probs) in zip(prompts, outs):
-            assert len(g) == n, len(g)
-            assert_own_greedy_picks(g, probs)
-            ties.append(assert_greedy_under(ref, p, g, CONCURRENT_NEAR_TIE))
-        print(f"  {2 * n} tokens compared one at a time, {4 * n} concurrent; near-ties taken the other way "
-              f"(token, gap in nats) per prompt: {ties}")
+        one_at_a_time_then_four_together(ref, default, n, CONCURRENT_NEAR_TIE, own_picks=True)
         assert_default_budgets(default, 4)
         assert "tree verification: up to 32 nodes and 32 leaves per slot and step, 4 slots, n_seq_max 132" in \
             default.log_text(), "4 slots x (32 leaves + 1) sequence ids"

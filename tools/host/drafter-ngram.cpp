@@ -67,14 +67,8 @@ struct drafter_ngram : host_drafter {
                 common_speculative_begin(spec, r.seq, text);
             }
             last_pos[r.seq] = r.pos;
-            auto & dp = common_speculative_get_draft_params(spec, r.seq);
             results[r.seq].clear();
-            dp.drafting = true;
-            dp.n_max    = r.n_max;
-            dp.pos0     = r.pos;
-            dp.id_last  = r.id_last;
-            dp.prompt   = &text;
-            dp.result   = &results[r.seq];
+            host_fill_draft_params(common_speculative_get_draft_params(spec, r.seq), r, &text, &results[r.seq]);
         }
         common_speculative_draft(spec);
         for (size_t k = 0; k < reqs.size(); ++k) {

@@ -72,14 +72,8 @@ struct drafter_upstream : host_drafter {
 
     void draft(const std::vector<draft_request> & reqs, std::vector<std::vector<llama_token>> & out) override {
         for (const auto & r : reqs) {
-            auto & dp = common_speculative_get_draft_params(spec, r.seq);
             results[r.seq].clear();
-            dp.drafting = true;
-            dp.n_max    = r.n_max;
-            dp.pos0     = r.pos;
-            dp.id_last  = r.id_last;
-            dp.prompt   = r.history;
-            dp.result   = &results[r.seq];
+            host_fill_draft_params(common_speculative_get_draft_params(spec, r.seq), r, r.history, &results[r.seq]);
         }
         common_speculative_draft(spec);
         for (size_t k = 0; k < reqs.size(); ++k) {
@@ -99,6 +93,16 @@ struct drafter_upstream : host_drafter {
 };
 
 } // namespace
+
+void host_fill_draft_params(common_speculative_draft_params & dp, const draft_request & r, const llama_tokens * text,
+        llama_tokens * result) {
+    dp.drafting = true;
+    dp.n_max    = r.n_max;
+    dp.pos0     = r.pos;
+    dp.id_last  = r.id_last;
+    dp.prompt   = text;
+    dp.result   = result;
+}
 
 std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt) {
     return std::make_unique<drafter_upstream>(tgt);

@@ -201,6 +201,12 @@ struct host_drafter {
 };
 
 std::unique_ptr<host_drafter> make_drafter_upstream(host_target & tgt);
+// fills common_speculative's per-sequence draft params from a host draft request, with
+// `text` as the sequence's tokens and `result` to receive the draft (both outlive the draft call)
+struct common_speculative_draft_params;
+void host_fill_draft_params(common_speculative_draft_params & dp, const draft_request & r, const llama_tokens * text,
+        llama_tokens * result);
+
 // llama.cpp's n-gram speculative types by bench mode name (ngram-simple, ngram-map-k, ...);
 // NULL for another name (drafter-ngram.cpp)
 std::unique_ptr<host_drafter> make_drafter_ngram(host_target & tgt, const std::string & mode);
