@@ -92,7 +92,13 @@ bool is_tree(const std::string & mode) {
 // the target's own decoding: ar-attached creates it (its tap-layer capture is on) and
 // never calls it; ar-fed also hands it every decoded row (process, seq_rm), never drafting
 bool is_diagnostic(const std::string & mode) {
-    return mode == "ar-attached" || mode == "ar-fed";
+    return mode == "ar-attached" || mode == "ar-fed" || mode == "ar-unified";
+}
+
+// target-only on the tree modes' context (a unified cache with their sequence ids): what
+// the tree modes' speed is to be compared with when the cache layout itself costs
+bool on_tree_context(const std::string & mode) {
+    return is_tree(mode) || mode == "ar-unified";
 }
 
 // leaves (path sequence ids) per tree: np x (leaves + 1) ids within llama.cpp's 256
@@ -530,7 +536,7 @@ int main(int argc, char ** argv) {
             // trees verify in a unified KV cache, which at np > 1 rounds differently from the split
             // cache of the other modes: their outputs are compared with target-only on a context like theirs
             std::vector<std::vector<llama_token>> reference_tree;
-            if (std::any_of(modes.begin(), modes.end(), is_tree)) {
+            if (std::any_of(modes.begin(), modes.end(), on_tree_context)) {
                 tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
                 reference_tree = host_generate(tgt, nullptr, prompts).tokens;
             }
@@ -548,6 +554,9 @@ int main(int argc, char ** argv) {
                         gen = host_generate_tree(tgt, n_tree, tree_leaves(np, n_tree),
                                 r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
                                 prompts);
+                    } else if (r.mode == "ar-unified") {
+                        tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
+                        gen = host_generate(tgt, nullptr, prompts);
                     } else {
                         tgt.reset_context(np);
                         auto drafter = make_drafter(r.mode, tgt);
@@ -555,7 +564,7 @@ int main(int argc, char ** argv) {
                     }
                     r.runs.push_back(gen.stats);
                     for (size_t i = 0; i < prompts.size(); ++i) {
-                        const auto & want = is_tree(r.mode) ? reference_tree[i] : reference[i];
+                        const auto & want = on_tree_context(r.mode) ? reference_tree[i] : reference[i];
                         r.identical[i] = r.identical[i] && gen.tokens[i] == want;
                     }
                     fprintf(stderr, "np=%d rep %d %-8s %.1f tok/s\n", np, rep, r.mode.c_str(), gen.stats.tokens_per_s());
@@ -579,7 +588,7 @@ int main(int argc, char ** argv) {
         return 0;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
+                " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting), ar-unified (target-only on the tree modes' context)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --lockstep A,B    two chain modes in turns of 16 steps instead (an A/B under the same load)\n"
                 "  --auto-tree N     the controller's largest tree (dflash2-auto; default --tree)\n"
