@@ -113,6 +113,16 @@ fn call_order_and_argument_errors_leave_the_engine_unchanged() {
     assert_eq!(process(&[row(0, 100_000, 0)]), status_code("INVALID_ARGUMENT"));
     assert_eq!(process(&[row(0, 0, -3)]), status_code("INVALID_ARGUMENT"));
     assert_eq!(unsafe { llama_spec_dflash2_process(spec.0, ptr::null(), 2) }, status_code("NULL_ARGUMENT"));
+    // process_tokens: NULL tokens means none known; NULL rows with rows to read is refused
+    let one = [row(0, 0, 0)];
+    assert_eq!(
+        unsafe { llama_spec_dflash2_process_tokens(spec.0, ptr::null(), [1].as_ptr(), 1) },
+        status_code("NULL_ARGUMENT")
+    );
+    assert_eq!(
+        unsafe { llama_spec_dflash2_process_tokens(spec.0, one.as_ptr(), ptr::null(), -1) },
+        status_code("INVALID_ARGUMENT")
+    );
 
     let req =
         |seq, id_last, n_max| llama_spec_dflash2_draft_request { seq_id: seq, id_last, n_max, ..Default::default() };
@@ -169,6 +179,7 @@ fn a_null_engine_is_an_error_everywhere() {
     let mut info = std::mem::MaybeUninit::uninit();
     unsafe {
         assert_eq!(llama_spec_dflash2_process(null, ptr::null(), 0), code);
+        assert_eq!(llama_spec_dflash2_process_tokens(null, ptr::null(), ptr::null(), 0), code);
         assert_eq!(llama_spec_dflash2_draft(null, ptr::null(), 0, ptr::null_mut(), 0, ptr::null_mut()), code);
         assert_eq!(llama_spec_dflash2_accept(null, 0, 0), code);
         assert_eq!(llama_spec_dflash2_seq_rm(null, 0, -1, -1), code);
