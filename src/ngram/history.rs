@@ -56,24 +56,30 @@ impl TokenHistory {
     /// removed stretch then reads as adjacent: a match across it is only a
     /// guess the target rejects.)
     pub fn remove(&mut self, range: TargetRange) {
-        if !self.positions.iter().any(|&p| range.contains(p)) {
-            return;
+        // positions are kept in order (see `shift`): the range is one stretch,
+        // found in O(log n) (hosts trim their verify rows every step)
+        let lo = self.positions.partition_point(|&p| p < range.p0);
+        let hi = self.positions.partition_point(|&p| p < range.p1);
+        if lo < hi {
+            self.positions.drain(lo..hi);
+            self.tokens.drain(lo..hi);
         }
-        (self.positions, self.tokens) = self
-            .positions
-            .iter()
-            .zip(&self.tokens)
-            .filter(|(p, _)| !range.contains(**p))
-            .map(|(&p, &t)| (p, t))
-            .unzip();
     }
 
     /// The target moved the rows at positions in `range` by `delta`.
     pub fn shift(&mut self, range: TargetRange, delta: i32) {
+        let mut moved = false;
         for p in &mut self.positions {
             if range.contains(*p) {
                 *p = p.saturating_add(delta);
+                moved = true;
             }
+        }
+        // a context shift keeps the order; a shift past other rows re-sorts them
+        if moved && !self.positions.is_sorted() {
+            let mut rows: Vec<(i32, i32)> = self.positions.iter().copied().zip(self.tokens.iter().copied()).collect();
+            rows.sort_by_key(|&(p, _)| p);
+            (self.positions, self.tokens) = rows.into_iter().unzip();
         }
     }
 

@@ -3,6 +3,8 @@
 //! follows now. Like llama.cpp's n-gram drafters (prompt lookup), but several
 //! occurrences with different continuations give several branches.
 
+use std::collections::HashMap;
+
 /// One proposed continuation of the anchor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Branch {
@@ -26,8 +28,10 @@ pub fn propose(text: &[i32], anchor: i32, max_len: usize, max_branches: usize) -
         return Vec::new();
     }
     let n = text.len();
-    // candidates as (match length, end of the occurrence in `text`)
+    // candidates as (match length, end of the occurrence in `text`), one per
+    // next token (a common anchor has many occurrences and successors)
     let mut best: Vec<(usize, usize)> = Vec::new();
+    let mut by_next: HashMap<i32, usize> = HashMap::new();
     for end in (0..n).rev() {
         // text[end] is the occurrence's anchor; it continues with text[end + 1..]
         if text[end] != anchor || end + 1 >= n || text[end + 1] < 0 {
@@ -39,13 +43,16 @@ pub fn propose(text: &[i32], anchor: i32, max_len: usize, max_branches: usize) -
         }
         let next = text[end + 1];
         let key = (len, (n - end - 1).min(max_len));
-        match best.iter_mut().find(|(_, e)| text[*e + 1] == next) {
+        match by_next.get(&next) {
             // scanning from the newest, an older occurrence replaces only a
             // shorter match or continuation (a periodic text's newest
             // occurrence runs into the text's end)
-            Some(b) if (b.0, (n - b.1 - 1).min(max_len)) < key => *b = (len, end),
+            Some(&i) if (best[i].0, (n - best[i].1 - 1).min(max_len)) < key => best[i] = (len, end),
             Some(_) => {}
-            None => best.push((len, end)),
+            None => {
+                by_next.insert(next, best.len());
+                best.push((len, end));
+            }
         }
     }
     // longest match first; among equals the newest (larger end)
