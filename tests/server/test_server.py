@@ -650,7 +650,9 @@ def test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_se
 
     @with_servers(("reference", unified), ("tree", unified + TREE + tree_drafter()))
     def run(ref, tree):
-        one_at_a_time_then_four_together(ref, tree, n, NEAR_TIE, own_picks=False)
+        # concurrent rows share ubatches of other shapes: gaps up to 0.2 nats seen with
+        # trees of 8 nodes (and n-gram branches), as with the default server's trees
+        one_at_a_time_then_four_together(ref, tree, n, CONCURRENT_NEAR_TIE, own_picks=False)
         assert tree.metrics()["spec_decode_num_drafts_total"] >= 4
         assert_trees_verified(tree, 4)
         assert "n_seq_max 36" in tree.log_text(), "4 slots x (8 leaves + 1) sequence ids"
