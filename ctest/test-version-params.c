@@ -17,6 +17,7 @@ int main(void) {
     CHECK(params.image_rows == LLAMA_SPEC_DFLASH2_IMAGE_ROWS_INJECT);
     CHECK(params.devices == NULL);
     CHECK(!params.use_extra_bufts);
+    CHECK(params.first_child == -1);
     CHECK(llama_spec_dflash2_params_check(&params) == LLAMA_SPEC_DFLASH2_OK);
     CHECK(strcmp(llama_spec_dflash2_last_error(), "") == 0);
 
@@ -29,6 +30,13 @@ int main(void) {
     bad.walk = 42;
     CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
     CHECK(strstr(llama_spec_dflash2_last_error(), "walk") != NULL);
+
+    bad = params;
+    bad.first_child = 2;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llama_spec_dflash2_last_error(), "first_child") != NULL);
+    bad.first_child = LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_OK);
 
     bad = params;
     bad.n_seq = LLAMA_SPEC_DFLASH2_MAX_SEQUENCES + 1;

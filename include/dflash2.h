@@ -34,7 +34,11 @@
 // process_batch reads batch.token; stats gained n_ngram_nodes,
 // n_ngram_reached, n_ngram_accepted (appended); a tree request's max_depth
 // above n_max lets n-gram branches go that deep (was: capped at n_max).
-#define LLAMA_SPEC_DFLASH2_API_VERSION 6
+// 7: params.first_child (appended): a sampled tree's parents may take q's
+// most probable token as their first child without a draw (default: drawn, as
+// before); n-gram branches join sampled trees too (children taken without a
+// draw), not only greedy ones.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 7
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -114,6 +118,17 @@ enum llama_spec_dflash2_image_rows {
   LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP = 1,
 };
 
+// How each parent of a sampled tree (temperature > 0) chooses its first child.
+enum llama_spec_dflash2_first_child {
+  // Drawn from the draft distribution q like its siblings.
+  LLAMA_SPEC_DFLASH2_FIRST_CHILD_DRAWN = 0,
+  // q's most probable token, taken without a draw: verified as a point mass
+  // (accepted with the target's probability of it, as sample-and-match
+  // accepts a greedy draft), its siblings drawn from q without it. Lossless
+  // like the drawn rule.
+  LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY = 1,
+};
+
 // A DFlash2 engine bound to one target context (opaque).
 //
 // Threads: different engines (each on its own target context) may be used
@@ -177,13 +192,16 @@ struct llama_spec_dflash2_params {
   bool use_extra_bufts;
   // N-gram branches: at most this many continuations of the sequence's own
   // text (where its current suffix occurred before in the prompt or the
-  // answer) join each greedy tree draft as extra branches, verified in the
-  // same batch and priced by their measured acceptance. -1 (default) = 2;
-  // 0 = none; at most LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine
-  // learns the prompt's text from llama_spec_dflash2_process_tokens or
-  // process_batch (the generated text from its own drafts); chains and
-  // sampled trees have none.
+  // answer) join each tree draft as extra branches, verified in the same
+  // batch and priced by their measured acceptance (in a sampled tree as
+  // children taken without a draw). -1 (default) = 2; 0 = none; at most
+  // LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine learns the prompt's
+  // text from llama_spec_dflash2_process_tokens or process_batch (the
+  // generated text from its own drafts); chains have none.
   int32_t ngram_branches;
+  // How a sampled tree's parents choose their first child, an `enum
+  // llama_spec_dflash2_first_child` value; -1 (default) = drawn.
+  int32_t first_child;
 };
 
 // What a DFlash2 drafter checkpoint declares, filled by
@@ -789,6 +807,11 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // path probability times the expected q of the next draw, so which children
 // a node gets is decided before they are drawn (what the verification needs).
 // q is kept per parent for llama_spec_dflash2_verify_tree_sampled[_step].
+// Some children are taken without a draw, verified as point masses (accepted
+// with the target's probability of them, the siblings after them drawn from
+// q without them): n-gram branch tokens (params.ngram_branches), each where
+// its measured acceptance ranks it before the parent's next draw, and with
+// params.first_child greedy each parent's first child, q's most probable token.
 // p_min cuts a node's children on its row's temperature-1 confidence, known
 // before any draw; n_min does not apply (dropping a short sampled tree would
 // bias it); the adaptive walk sizes the tree (its n_nodes) from the greedy

@@ -6,6 +6,7 @@ use crate::params::{
     LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_params,
 };
 use crate::sys::ggml_backend_dev_t;
+use crate::tree::FirstChild;
 
 /// How the drafted path is chosen from the selector lattice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +55,8 @@ pub struct Config {
     pub use_extra_bufts: bool,
     /// N-gram branches per tree draft; 0: none.
     pub ngram_branches: usize,
+    /// How a sampled tree's parents choose their first child.
+    pub first_child: FirstChild,
 }
 
 impl Default for Config {
@@ -130,6 +133,11 @@ impl Config {
                 )));
             }
         };
+        let first_child = match p.first_child {
+            -1 | 0 => FirstChild::Drawn,
+            1 => FirstChild::Greedy,
+            f => return Err(Error::invalid(format!("first_child = {f} (-1 default, 0 drawn, 1 greedy)"))),
+        };
         if p.n_threads < 0 || p.n_threads_batch < 0 {
             return Err(Error::invalid("n_threads and n_threads_batch must be >= 0"));
         }
@@ -150,6 +158,7 @@ impl Config {
             n_threads_batch: threads(p.n_threads_batch),
             use_extra_bufts: p.use_extra_bufts,
             ngram_branches,
+            first_child,
         })
     }
 }

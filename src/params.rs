@@ -40,6 +40,20 @@ pub enum llama_spec_dflash2_image_rows {
     LLAMA_SPEC_DFLASH2_IMAGE_ROWS_SKIP = 1,
 }
 
+/// How each parent of a sampled tree (temperature > 0) chooses its first child.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum llama_spec_dflash2_first_child {
+    /// Drawn from the draft distribution q like its siblings.
+    LLAMA_SPEC_DFLASH2_FIRST_CHILD_DRAWN = 0,
+    /// q's most probable token, taken without a draw: verified as a point mass
+    /// (accepted with the target's probability of it, as sample-and-match
+    /// accepts a greedy draft), its siblings drawn from q without it. Lossless
+    /// like the drawn rule.
+    LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY = 1,
+}
+
 /// Configuration of a DFlash2 engine. Get it from
 /// `llama_spec_dflash2_default_params()`, change fields, pass it by value.
 #[allow(non_camel_case_types)]
@@ -93,13 +107,16 @@ pub struct llama_spec_dflash2_params {
     pub use_extra_bufts: bool,
     /// N-gram branches: at most this many continuations of the sequence's own
     /// text (where its current suffix occurred before in the prompt or the
-    /// answer) join each greedy tree draft as extra branches, verified in the
-    /// same batch and priced by their measured acceptance. -1 (default) = 2;
-    /// 0 = none; at most LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine
-    /// learns the prompt's text from llama_spec_dflash2_process_tokens or
-    /// process_batch (the generated text from its own drafts); chains and
-    /// sampled trees have none.
+    /// answer) join each tree draft as extra branches, verified in the same
+    /// batch and priced by their measured acceptance (in a sampled tree as
+    /// children taken without a draw). -1 (default) = 2; 0 = none; at most
+    /// LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine learns the prompt's
+    /// text from llama_spec_dflash2_process_tokens or process_batch (the
+    /// generated text from its own drafts); chains have none.
     pub ngram_branches: i32,
+    /// How a sampled tree's parents choose their first child, an `enum
+    /// llama_spec_dflash2_first_child` value; -1 (default) = drawn.
+    pub first_child: i32,
 }
 
 impl Default for llama_spec_dflash2_params {
@@ -121,6 +138,7 @@ impl Default for llama_spec_dflash2_params {
             n_threads_batch: 0,
             use_extra_bufts: false,
             ngram_branches: -1,
+            first_child: -1,
         }
     }
 }
@@ -176,6 +194,8 @@ mod tests {
             (|p| p.image_rows = -1, "image_rows"),
             (|p| p.ngram_branches = -2, "ngram_branches"),
             (|p| p.ngram_branches = 17, "ngram_branches"),
+            (|p| p.first_child = 2, "first_child"),
+            (|p| p.first_child = -2, "first_child"),
         ];
         for (mutate, field) in cases {
             let mut p = llama_spec_dflash2_params::default();

@@ -309,6 +309,8 @@ struct Outcome {
     accepted: f64,
     nodes: f64,
     branched: f64,
+    /// Nodes per tree an n-gram branch proposed (taken without a draw).
+    ngram_nodes: f64,
 }
 
 const HOSTS: [&str; 4] = ["honest", "accept always", "resample p", "no residual"];
@@ -328,6 +330,7 @@ fn speculate(
     how: Verify,
     n: usize,
     seed: u32,
+    first_child: i32,
 ) -> Outcome {
     assert_eq!(SHAPE.max_depth as usize + 1, DEPTH, "one tree step emits the tokens of an outcome");
     let clock = std::time::Instant::now();
@@ -335,7 +338,7 @@ fn speculate(
     let n_ctx = prompt.len() as i32 - 1;
     let n_seq_max = N_PAR as u32 * LEAVES as u32;
     let mut target = unified_1t(model, n_seq_max, N_PAR as u32 * (n_ctx as u32 + 16) + 256, 512);
-    let spec = Spec::new(&target, drafter, params_1t(N_PAR as u32));
+    let spec = Spec::new(&target, drafter, llama_spec_dflash2_params { first_child, ..params_1t(N_PAR as u32) });
     let anchor = prompt[n_ctx as usize];
     for s in 0..N_PAR as i32 {
         decode_rows(&mut target, s, &prompt[..n_ctx as usize], 0, false);
@@ -434,6 +437,7 @@ fn speculate(
         accepted: n_accepted as f64 / n as f64,
         nodes: n_nodes as f64 / n as f64,
         branched: n_branched as f64 / n as f64,
+        ngram_nodes: (st.n_ngram_nodes - stats0.n_ngram_nodes) as f64 / n as f64,
     }
 }
 
@@ -447,14 +451,15 @@ fn n_samples() -> usize {
 fn check(what: &str, o: &Outcome, caught: &[usize]) {
     let tvs: Vec<String> = HOSTS.iter().zip(&o.tv).map(|(h, tv)| format!("{h} {tv:.4}")).collect();
     eprintln!(
-        "{what}: {} samples, {} bins, threshold {:.4}: TV {}; {:.3} of {:.2} nodes accepted per tree, {:.0}% of \
-         trees branch",
+        "{what}: {} samples, {} bins, threshold {:.4}: TV {}; {:.3} of {:.2} nodes accepted per tree ({:.2} from \
+         n-gram branches), {:.0}% of trees branch",
         o.n,
         o.n_bins,
         o.threshold,
         tvs.join(", "),
         o.accepted,
         o.nodes,
+        o.ngram_nodes,
         100.0 * o.branched
     );
     assert!(o.tv[0] < o.threshold, "{what}: sampled trees do not emit the target's distribution");
@@ -475,14 +480,14 @@ fn fixture_prompt() -> Vec<i32> {
 #[test]
 fn fixture_pair_at_t_0_8_whole_trees_emit_the_target_distribution_and_an_accept_always_host_does_not() {
     let fx = fixtures();
-    let o = speculate(&fx.target, &fx.drafter, &fixture_prompt(), 0.8, 0, Verify::Whole, n_samples(), 1);
+    let o = speculate(&fx.target, &fx.drafter, &fixture_prompt(), 0.8, 0, Verify::Whole, n_samples(), 1, -1);
     check("fixture T=0.8 whole", &o, &[1]);
 }
 
 #[test]
 fn fixture_pair_at_t_1_top_k_40_trees_by_steps_emit_the_target_distribution_and_an_accept_always_host_does_not() {
     let fx = fixtures();
-    let o = speculate(&fx.target, &fx.drafter, &fixture_prompt(), 1.0, 40, Verify::Steps, n_samples(), 2);
+    let o = speculate(&fx.target, &fx.drafter, &fixture_prompt(), 1.0, 40, Verify::Steps, n_samples(), 2, -1);
     check("fixture T=1.0 top-k 40 steps", &o, &[1]);
 }
 
@@ -495,8 +500,32 @@ fn smollm2_trained_drafter_at_t_0_8_trees_emit_the_target_distribution_and_lossy
     let model = smollm2();
     let drafter = common::smollm2_drafter(&model);
     let prompt = Target::new(&model, 1, 64, 64).tokenize(&chat("What is the capital of France?"), false);
-    let o = speculate(&model, &drafter, &prompt, 0.8, 0, Verify::Steps, n_samples(), 3);
+    let o = speculate(&model, &drafter, &prompt, 0.8, 0, Verify::Steps, n_samples(), 3, -1);
     check("smollm2 T=0.8 steps", &o, &[1, 2, 3]);
+}
+
+#[test]
+fn smollm2_trained_drafter_with_greedy_first_children_emits_the_target_distribution_and_lossy_hosts_do_not() {
+    // each parent's first child is q's most probable token, verified as a point mass
+    let model = smollm2();
+    let drafter = common::smollm2_drafter(&model);
+    let prompt = Target::new(&model, 1, 64, 64).tokenize(&chat("What is the capital of France?"), false);
+    let greedy = llama_spec_dflash2_first_child::LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY as i32;
+    let o = speculate(&model, &drafter, &prompt, 0.8, 0, Verify::Whole, n_samples(), 4, greedy);
+    check("smollm2 T=0.8 whole, greedy first children", &o, &[1, 2, 3]);
+}
+
+#[test]
+fn smollm2_sampled_trees_with_n_gram_branches_emit_the_target_distribution_and_lossy_hosts_do_not() {
+    // the prompt repeats itself: the suffix match proposes its continuation,
+    // taken into each tree without a draw (a point mass) ahead of the draws
+    let model = smollm2();
+    let drafter = common::smollm2_drafter(&model);
+    let text = "the cat sat on the mat, the dog lay by the door; the cat sat on the mat, the dog lay by the";
+    let prompt = Target::new(&model, 1, 64, 64).tokenize(text, false);
+    let o = speculate(&model, &drafter, &prompt, 0.8, 0, Verify::Steps, n_samples(), 5, -1);
+    check("smollm2 T=0.8 steps, n-gram branches", &o, &[1, 2, 3]);
+    assert!(o.ngram_nodes >= 1.0, "the trees carry n-gram branch nodes: {:.2} per tree", o.ngram_nodes);
 }
 
 // ---- end to end ---------------------------------------------------------------

@@ -244,6 +244,11 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                     printf(" [%s] %.0f%%", shapes[k].second.c_str(), 100.0 * shapes[k].first / s.n_seq_steps);
                 }
                 printf("\n");
+                if (s.n_unparked > 0) {
+                    printf("    %-8s the KV cache filled %lld times with parked cells, freed then (cells of a sequence may"
+                           " leave position order: outputs may leave target-only's; --ctx-size keeps them)\n",
+                            r->mode.c_str(), (long long) s.n_unparked);
+                }
             }
         }
     }

@@ -114,10 +114,12 @@ pub struct Engine {
     /// Every child of a greedy tree's reached nodes, accepted or not: what
     /// calibrates the growth key of the next trees (`crate::calibration`).
     tree_acceptance: AcceptanceModel,
-    /// N-gram branches per greedy tree draft (0: none) and what the target
+    /// N-gram branches per tree draft (0: none) and what the target
     /// accepted of them (`crate::ngram`).
     ngram_branches: usize,
     ngram_acceptance: NgramAcceptance,
+    /// How a sampled tree's parents choose their first child.
+    first_child: crate::tree::FirstChild,
     /// Released after Drop turned the capture off (fields drop after drop()).
     _claim: claim::TargetClaim,
 }
@@ -171,6 +173,7 @@ impl Engine {
             tree_acceptance: AcceptanceModel::new(s.limits.n_max.max(1)),
             ngram_branches: config.ngram_branches,
             ngram_acceptance: NgramAcceptance::default(),
+            first_child: config.first_child,
         })
     }
 

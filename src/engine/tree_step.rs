@@ -27,7 +27,7 @@ use crate::ngram;
 use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::TreeRoom;
 use crate::tree::{
-    SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches, sample_tree,
+    Proposals, SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches, sample_tree,
 };
 
 /// One sequence's part of a tree draft call.
@@ -209,9 +209,15 @@ impl Engine {
                     if let Some(policy) = self.policy.as_mut() {
                         lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0);
                     }
+                    // n-gram branches join as children taken without a draw (point masses)
                     let seq = reqs[i].seq;
+                    let history = self.seqs[seq as usize].history.tokens();
+                    let branches = ngram::propose(history, reqs[i].id_last, branch_depths[i], self.ngram_branches);
+                    let ng = &self.ngram_acceptance;
+                    let branch_p = |m: usize, d: usize| ng.p(m, d);
+                    let proposals = Proposals { branches: &branches, max_depth: branch_depths[i], p: &branch_p };
                     let rng = &mut sampled::seeded(&mut self.seqs[seq as usize].rng, seed, seq).draft;
-                    let st = sample_tree(&lattice, lim, n_vocab, t_draft, rng)?;
+                    let st = sample_tree(&lattice, lim, n_vocab, t_draft, self.first_child, proposals, rng)?;
                     trees[i] = st.tree().clone();
                     sampled_trees[i] = Some(st);
                 }
@@ -291,14 +297,15 @@ impl Engine {
         if let Some(policy) = self.policy.as_mut() {
             policy.accepted(&tree.path_confidences(&path), path.len());
         }
+        let n_verified = q.held.len().saturating_sub(1);
         if o.sampled_tree.is_none() {
             // a greedy tree: its reached children calibrate the next trees' growth
-            let n_verified = q.held.len().saturating_sub(1);
             calibration::observe_tree(&mut self.tree_acceptance, tree, &path, n_verified);
-            let (reached, accepted) = self.ngram_acceptance.observe_tree(tree, &path, n_verified);
-            self.stats.n_ngram_reached += reached as u64;
-            self.stats.n_ngram_accepted += accepted as u64;
         }
+        // n-gram branch nodes of either kind of tree: their measured acceptance prices the next ones
+        let (reached, accepted) = self.ngram_acceptance.observe_tree(tree, &path, n_verified);
+        self.stats.n_ngram_reached += reached as u64;
+        self.stats.n_ngram_accepted += accepted as u64;
         let dropped = self.seqs[s].resolve_held_rows(&rows);
         self.stats.n_rejected_rows += dropped as u64;
         self.stats.record_accept(n_nodes, path.len());

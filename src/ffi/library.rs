@@ -29,7 +29,11 @@ use crate::params::llama_spec_dflash2_params;
 /// process_batch reads batch.token; stats gained n_ngram_nodes,
 /// n_ngram_reached, n_ngram_accepted (appended); a tree request's max_depth
 /// above n_max lets n-gram branches go that deep (was: capped at n_max).
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 6;
+/// 7: params.first_child (appended): a sampled tree's parents may take q's
+/// most probable token as their first child without a draw (default: drawn, as
+/// before); n-gram branches join sampled trees too (children taken without a
+/// draw), not only greedy ones.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 7;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

@@ -121,6 +121,11 @@ pub struct llama_spec_dflash2_tree_node {
 /// path probability times the expected q of the next draw, so which children
 /// a node gets is decided before they are drawn (what the verification needs).
 /// q is kept per parent for llama_spec_dflash2_verify_tree_sampled[_step].
+/// Some children are taken without a draw, verified as point masses (accepted
+/// with the target's probability of them, the siblings after them drawn from
+/// q without them): n-gram branch tokens (params.ngram_branches), each where
+/// its measured acceptance ranks it before the parent's next draw, and with
+/// params.first_child greedy each parent's first child, q's most probable token.
 /// p_min cuts a node's children on its row's temperature-1 confidence, known
 /// before any draw; n_min does not apply (dropping a short sampled tree would
 /// bias it); the adaptive walk sizes the tree (its n_nodes) from the greedy

@@ -63,7 +63,7 @@ pub use accept::{TreeVerdict, accept_greedy, accept_matching};
 pub use encode::{KvOp, VerifyRow};
 pub use grow::{grow_tree, grow_tree_by};
 pub use merge::merge_branches;
-pub use sample::{SampledTree, sample_tree};
+pub use sample::{FirstChild, Proposals, SampledTree, sample_tree};
 pub use verify_sampled::{Outcome, TreeStep, verify_children, verify_sampled_node, verify_sampled_tree};
 
 use crate::error::{Error, Result};

@@ -3,12 +3,45 @@
 //! parent's children were drawn from ([`SampledTree`]).
 
 use super::grow::{Frontier, Shape};
-use super::{Node, Tree, TreeLimits, slot};
+use super::{NOT_IN_LATTICE, Node, Tree, TreeLimits, slot};
 #[cfg(doc)]
 use super::{grow_tree, verify_sampled_tree};
 use crate::error::{Error, Result};
+use crate::ngram::Branch;
 use crate::sampling::{Dist, Rng, draw};
 use crate::selector::{Lattice, usable};
+
+/// How a parent's first child is chosen in a sampled tree.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FirstChild {
+    /// Drawn from q like its siblings.
+    #[default]
+    Drawn,
+    /// q's most probable token, taken without a draw. Its draft distribution
+    /// is a point mass on it, so the verifier accepts it with the target's own
+    /// probability of it (as sample-and-match would accept the greedy draft)
+    /// instead of the overlap sum min(p, q), which is more wherever q is
+    /// shaped like p; its siblings are drawn from q without it.
+    Greedy,
+}
+
+/// Continuations proposed from outside q (n-gram branches of the sequence's
+/// own text) for a sampled tree: each token becomes a child taken without a
+/// draw (a point mass), where its estimated acceptance `p(match_len, depth)`
+/// ranks it above the next draw, as deep as `max_depth`.
+#[derive(Clone, Copy)]
+pub struct Proposals<'a> {
+    pub branches: &'a [Branch],
+    pub max_depth: usize,
+    pub p: &'a dyn Fn(usize, usize) -> f64,
+}
+
+impl Proposals<'_> {
+    /// No proposal.
+    pub fn none() -> Proposals<'static> {
+        Proposals { branches: &[], max_depth: 0, p: &|_, _| 0.0 }
+    }
+}
 
 /// A sampled tree and the draft distribution each parent's children were
 /// drawn from, for [`verify_sampled_tree`]. The default: no node (a tree not
@@ -19,6 +52,9 @@ pub struct SampledTree {
     /// Per slot (0 the anchor, i + 1 node i): q's distinct token ids and
     /// probabilities (f32, as the draws used them); empty when never computed.
     pub(super) q: Vec<(Vec<i32>, Vec<f32>)>,
+    /// Per node: taken without a draw (its draft distribution a point mass
+    /// on its token) rather than drawn from its parent's q.
+    pub(super) fixed: Vec<bool>,
 }
 
 impl SampledTree {
@@ -28,11 +64,21 @@ impl SampledTree {
 
     /// The distribution `parent`'s children (None: the anchor's) are drawn
     /// from, in draw order = tree order; None where none was computed (max
-    /// depth, no usable candidate, or cut by `p_min`).
+    /// depth, no usable candidate, cut by `p_min`, or a node q does not have).
     pub fn q(&self, parent: Option<usize>) -> Option<Dist<'_>> {
         let (ids, probs) = self.q.get(slot(parent))?;
         (!ids.is_empty()).then_some(Dist::Sparse { ids, probs })
     }
+
+    /// Whether each of `children` (node indices) was taken without a draw.
+    pub(super) fn fixed_of(&self, children: &[usize]) -> Vec<bool> {
+        children.iter().map(|&c| self.fixed.get(c).copied().unwrap_or(false)).collect()
+    }
+}
+
+/// The index of q's most probable token (the first of equals).
+fn most_probable(probs: &[f32]) -> usize {
+    (0..probs.len()).fold(0, |b, j| if probs[j] > probs[b] { j } else { b })
 }
 
 /// The random choices of sampling and verification, behind one interface so
@@ -102,26 +148,75 @@ pub(super) fn row_q(lattice: &Lattice, p: usize, pred: usize, n_vocab: usize, t:
     Some(RowQ { conf, ids, probs, cand, weight })
 }
 
+/// A child a parent may take without a draw: a proposed token, its estimated
+/// acceptance, the match length its node carries, and the proposals that go
+/// on through it (index into the branches, next depth).
+struct Offer {
+    token: i32,
+    est: f64,
+    match_len: u8,
+    through: Vec<usize>,
+}
+
 /// A parent during sampled growth.
 struct Parent {
     depth: usize,
     path: f64,
-    /// None: at max depth, no usable candidate, or cut by `p_min`.
+    /// None: at max depth, no usable candidate, cut by `p_min`, or a node
+    /// the lattice does not have.
     row: Option<RowQ>,
     drawn: Vec<bool>,
+    /// Children on offer without a draw, best estimate first, and whether
+    /// the parent has any child yet.
+    offers: Vec<Offer>,
+    has_child: bool,
 }
 
 impl Parent {
-    /// Priority of the parent's next child: its path probability times the
-    /// expected q of the next draw (sum of q^2 / sum of q over what is left).
-    /// An expectation, not the drawn token: which children exist must not
-    /// depend on what they turn out to be.
-    fn priority(&self) -> Option<f64> {
+    /// The expected q of the parent's next draw (sum of q^2 / sum of q over
+    /// what is left); None when nothing is left to draw.
+    fn draw_estimate(&self) -> Option<f64> {
         let row = self.row.as_ref()?;
         let left = row.probs.iter().zip(&self.drawn).filter(|e| !*e.1).map(|e| *e.0 as f64);
         let (sum, sq) = left.fold((0.0, 0.0), |(s, q), x| (s + x, q + x * x));
-        (sum > 0.0).then(|| self.path * sq / sum)
+        (sum > 0.0).then(|| sq / sum)
     }
+
+    /// The next child: taken without a draw (an offer, or q's most probable
+    /// token as a greedy first child) when its estimate is at least the next
+    /// draw's, else drawn; with its priority, the parent's path probability
+    /// times that estimate. Expectations only, never the drawn token: which
+    /// children exist must not depend on what they turn out to be.
+    fn next(&self, first: FirstChild) -> Option<(Next, f64)> {
+        let draw = self.draw_estimate();
+        if first == FirstChild::Greedy && !self.has_child {
+            if let Some(row) = self.row.as_ref().filter(|r| !r.probs.is_empty()) {
+                let m = most_probable(&row.probs);
+                let offer = self.offers.first().filter(|o| o.est > row.probs[m] as f64);
+                return Some(match offer {
+                    Some(o) => (Next::Offer, self.path * o.est),
+                    None => (Next::Greedy(m), self.path * row.probs[m] as f64),
+                });
+            }
+        }
+        match (self.offers.first(), draw) {
+            (Some(o), Some(d)) if o.est < d => Some((Next::Draw, self.path * d)),
+            (Some(o), _) if o.est > 0.0 => Some((Next::Offer, self.path * o.est)),
+            (_, Some(d)) => Some((Next::Draw, self.path * d)),
+            _ => None,
+        }
+    }
+}
+
+/// How a parent's next child is chosen.
+#[derive(Clone, Copy)]
+enum Next {
+    /// Its first offer, without a draw.
+    Offer,
+    /// q's most probable token (this index of the row), without a draw.
+    Greedy(usize),
+    /// Drawn from q without the children taken so far.
+    Draw,
 }
 
 /// A tree for lossless sampled verification: best-first like [`grow_tree`]
@@ -134,20 +229,28 @@ impl Parent {
 /// continues from the drawn candidate, among duplicates in proportion to their
 /// weights.
 ///
+/// Children may also be taken without a draw, marked fixed: q's most probable
+/// token as each parent's first child (`first`, [`FirstChild`]), and the
+/// tokens of `proposals` (n-gram branches from the anchor) wherever their
+/// estimate ranks them before the next draw. Drawn siblings exclude them.
+///
 /// `t_draft = 0`: one-hot q, the greedy chain, no random number drawn. With
-/// [`TreeLimits::chain`] it is `sampled_walk` draw for draw. `n_min` has no
-/// counterpart: dropping a sampled draft for being short biases it.
+/// [`TreeLimits::chain`], [`FirstChild::Drawn`] and no proposal it is
+/// `sampled_walk` draw for draw. `n_min` has no counterpart: dropping a
+/// sampled draft for being short biases it.
 pub fn sample_tree(
     lattice: &Lattice,
     limits: TreeLimits,
     n_vocab: usize,
     t_draft: f32,
+    first: FirstChild,
+    proposals: Proposals,
     rng: &mut Rng,
 ) -> Result<SampledTree> {
     if !(t_draft.is_finite() && t_draft >= 0.0) {
         return Err(Error::invalid(format!("draft temperature {t_draft} (must be finite and >= 0)")));
     }
-    Ok(sample_tree_with(lattice, limits, n_vocab, t_draft, rng))
+    Ok(sample_tree_with(lattice, limits, n_vocab, t_draft, first, proposals, rng))
 }
 
 pub(super) fn sample_tree_with<C: Chance>(
@@ -155,22 +258,52 @@ pub(super) fn sample_tree_with<C: Chance>(
     limits: TreeLimits,
     n_vocab: usize,
     t: f32,
+    first: FirstChild,
+    proposals: Proposals,
     chance: &mut C,
 ) -> SampledTree {
     let max_depth = limits.max_depth.min(lattice.n_rows().saturating_sub(1));
-    let open = |depth: usize, pred: usize, path: f64| {
-        let row = (depth < max_depth)
-            .then(|| row_q(lattice, depth + 1, pred, n_vocab, t))
-            .flatten()
+    // the offers of a parent at `depth` through which `through` (branch, next token) go on
+    let offers = |depth: usize, through: &[usize]| -> Vec<Offer> {
+        let mut out: Vec<Offer> = Vec::new();
+        if depth >= proposals.max_depth {
+            return out;
+        }
+        for &b in through {
+            let branch = &proposals.branches[b];
+            let Some(&token) = branch.tokens.get(depth) else { continue };
+            let match_len = branch.match_len.min(u8::MAX as usize);
+            match out.iter_mut().find(|o| o.token == token) {
+                Some(o) => {
+                    o.through.push(b);
+                    o.match_len = o.match_len.max(match_len as u8);
+                }
+                None => out.push(Offer {
+                    token,
+                    est: (proposals.p)(match_len, depth + 1),
+                    match_len: match_len as u8,
+                    through: vec![b],
+                }),
+            }
+        }
+        out.sort_by(|a, b| b.est.total_cmp(&a.est));
+        out
+    };
+    let open = |depth: usize, pred: Option<usize>, path: f64, through: &[usize]| {
+        let row = pred
+            .filter(|_| depth < max_depth)
+            .and_then(|pred| row_q(lattice, depth + 1, pred, n_vocab, t))
             .filter(|r| !(limits.p_min > 0.0 && r.conf < limits.p_min));
         let drawn = vec![false; row.as_ref().map_or(0, |r| r.ids.len())];
-        Parent { depth, path, row, drawn }
+        Parent { depth, path, row, drawn, offers: offers(depth, through), has_child: false }
     };
-    let mut parents = vec![open(0, 0, 1.0)];
+    let all: Vec<usize> = (0..proposals.branches.len()).collect();
+    let mut parents = vec![open(0, Some(0), 1.0, &all)];
     let mut nodes: Vec<Node> = Vec::new();
+    let mut fixed: Vec<bool> = Vec::new();
     let mut shape = Shape::new();
     let mut frontier = Frontier::new();
-    if let Some(key) = parents[0].priority() {
+    if let Some((_, key)) = parents[0].next(first) {
         frontier.push(key, 0usize);
     }
     while nodes.len() < limits.n_nodes {
@@ -179,36 +312,86 @@ pub(super) fn sample_tree_with<C: Chance>(
             continue; // decided before the draw
         }
         let parent = &mut parents[s];
-        let row = parent.row.as_ref().expect("only parents with a row are pushed");
-        let m = if t == 0.0 {
-            0 // one-hot q
-        } else {
-            let w: Vec<f64> =
-                row.probs.iter().zip(&parent.drawn).map(|(&q, &d)| if d { 0.0 } else { q as f64 }).collect();
-            chance.pick(&w)
+        let (how, _) = parent.next(first).expect("only parents with a next child are pushed");
+        let depth = parent.depth + 1;
+        // the child's token, q at it (0 outside q), its estimate, the
+        // candidate its row continues from, and the proposals through it
+        let (token, prob, est, candidate, match_len, through) = match how {
+            Next::Offer => {
+                let o = parent.offers.remove(0);
+                let m = parent.row.as_ref().and_then(|r| r.ids.iter().position(|&id| id == o.token));
+                let (prob, candidate) = match (m, parent.row.as_ref()) {
+                    (Some(m), Some(row)) => {
+                        parent.drawn[m] = true;
+                        (row.probs[m], best_candidate(row, o.token))
+                    }
+                    _ => (0.0, NOT_IN_LATTICE),
+                };
+                (o.token, prob, o.est, candidate, o.match_len, o.through)
+            }
+            Next::Greedy(_) | Next::Draw => {
+                let row = parent.row.as_ref().expect("only parents with a row draw");
+                let m = match how {
+                    Next::Greedy(m) => m,
+                    _ if t == 0.0 => 0, // one-hot q
+                    _ => {
+                        let w: Vec<f64> = row
+                            .probs
+                            .iter()
+                            .zip(&parent.drawn)
+                            .map(|(&q, &d)| if d { 0.0 } else { q as f64 })
+                            .collect();
+                        chance.pick(&w)
+                    }
+                };
+                parent.drawn[m] = true;
+                let (token, prob) = (row.ids[m], row.probs[m]);
+                (token, prob, prob as f64, pick_candidate(row, token, chance), 0, Vec::new())
+            }
         };
-        parent.drawn[m] = true;
-        let (token, prob) = (row.ids[m], row.probs[m]);
-        let dups: Vec<usize> =
-            (0..row.cand.len()).filter(|&j| row.cand[j] == Some(token) && row.weight[j] > 0.0).collect();
-        let candidate = if dups.len() == 1 {
-            dups[0]
-        } else {
-            dups[chance.pick(&dups.iter().map(|&j| row.weight[j]).collect::<Vec<_>>())]
-        };
-        let (depth, path) = (parent.depth + 1, parent.path * prob as f64);
+        let is_fixed = !matches!(how, Next::Draw);
+        // a drawn child never repeats an offer: drop offers of its token
+        parent.offers.retain(|o| o.token != token);
+        parent.has_child = true;
+        let path = parent.path * est;
         shape.add(s);
-        if let Some(key) = parent.priority() {
+        if let Some((_, key)) = parent.next(first) {
             frontier.push(key, s);
         }
-        nodes.push(Node { token, parent: s as i32 - 1, depth, prob, path_prob: path as f32, candidate, ngram: 0 });
-        parents.push(open(depth, candidate, path));
-        if let Some(key) = parents[nodes.len()].priority() {
+        let pred = (candidate != NOT_IN_LATTICE).then_some(candidate);
+        nodes.push(Node {
+            token,
+            parent: s as i32 - 1,
+            depth,
+            prob: if candidate == NOT_IN_LATTICE { est as f32 } else { prob },
+            path_prob: path as f32,
+            candidate,
+            ngram: match_len,
+        });
+        fixed.push(is_fixed);
+        parents.push(open(depth, pred, path, &through));
+        if let Some((_, key)) = parents[nodes.len()].next(first) {
             frontier.push(key, nodes.len());
         }
     }
     let q = parents.into_iter().map(|p| p.row.map(|r| (r.ids, r.probs)).unwrap_or_default()).collect();
-    SampledTree { tree: Tree { nodes }, q }
+    SampledTree { tree: Tree { nodes }, q, fixed }
+}
+
+/// The candidate a drawn token's row continues from: among duplicates, in
+/// proportion to their weights.
+fn pick_candidate<C: Chance>(row: &RowQ, token: i32, chance: &mut C) -> usize {
+    let dups: Vec<usize> = (0..row.cand.len()).filter(|&j| row.cand[j] == Some(token) && row.weight[j] > 0.0).collect();
+    if dups.len() == 1 { dups[0] } else { dups[chance.pick(&dups.iter().map(|&j| row.weight[j]).collect::<Vec<_>>())] }
+}
+
+/// The candidate a token taken without a draw continues from: the heaviest
+/// of its duplicates (no random number: nothing was drawn).
+fn best_candidate(row: &RowQ, token: i32) -> usize {
+    (0..row.cand.len())
+        .filter(|&j| row.cand[j] == Some(token))
+        .reduce(|b, j| if row.weight[j] > row.weight[b] { j } else { b })
+        .unwrap_or(NOT_IN_LATTICE)
 }
 
 #[cfg(test)]
@@ -229,7 +412,9 @@ mod tests {
             let p_min = if round % 3 == 0 { 0.4 } else { 0.0 };
             let (mut a, mut b) = (Rng::new(round), Rng::new(round));
             let walk = sampled_walk(&lat, WalkLimits { n_max: 6, n_min: 0, p_min }, 20, t, &mut a).unwrap();
-            let tree = sample_tree(&lat, TreeLimits::chain(6, p_min), 20, t, &mut b).unwrap();
+            let tree =
+                sample_tree(&lat, TreeLimits::chain(6, p_min), 20, t, FirstChild::Drawn, Proposals::none(), &mut b)
+                    .unwrap();
             check_invariants(tree.tree());
             assert_eq!(tree.tree().len(), walk.len());
             for (i, (n, w)) in tree.tree().nodes().iter().zip(&walk).enumerate() {
@@ -254,7 +439,7 @@ mod tests {
                 max_leaves: (rng.next_u64() % 4) as usize,
                 p_min: 0.0,
             };
-            let s = sample_tree(&lat, limits, 6, 0.8, &mut rng).unwrap();
+            let s = sample_tree(&lat, limits, 6, 0.8, FirstChild::Drawn, Proposals::none(), &mut rng).unwrap();
             check_invariants(s.tree());
             assert!(s.tree().len() <= limits.n_nodes);
             assert!(limits.max_leaves == 0 || s.tree().leaves().len() <= limits.max_leaves);
@@ -266,12 +451,21 @@ mod tests {
                 assert!((n.path_prob - parent * n.prob).abs() <= 1e-6 * parent, "{i}");
             }
             let before = rng.clone();
-            let g = sample_tree(&lat, limits, 6, 0.0, &mut rng).unwrap();
+            let g = sample_tree(&lat, limits, 6, 0.0, FirstChild::Drawn, Proposals::none(), &mut rng).unwrap();
             assert_eq!(rng, before);
             assert!(g.tree().children_by_slot().iter().all(|c| c.len() <= 1));
         }
         assert!(
-            sample_tree(&Lattice::new(&[0.0; 13], 13, 3).unwrap(), TreeLimits::tree(4, 4), 6, -1.0, &mut rng).is_err()
+            sample_tree(
+                &Lattice::new(&[0.0; 13], 13, 3).unwrap(),
+                TreeLimits::tree(4, 4),
+                6,
+                -1.0,
+                FirstChild::Drawn,
+                Proposals::none(),
+                &mut rng
+            )
+            .is_err()
         );
     }
 }

@@ -30,6 +30,13 @@
 //! outcome exactly, and show that dropping the residual update, or the
 //! renormalization of q, is lossy.
 //!
+//! A child taken without a draw ([`FirstChild::Greedy`]: q's most probable
+//! token as each parent's first child) is the same rule with a point mass for
+//! its draft distribution: q^(0) = delta(c_1), accepted with probability
+//! p(c_1), on rejection p^(1) = p without c_1 renormalized, and the siblings
+//! after it drawn from q without c_1 (q^(1) as above). Lossless by the same
+//! argument: the point mass depends on nothing drawn at the node.
+//!
 //! A deterministic tree (best-first, [`grow_tree`]) is not a draw from q, and
 //! this rule applied to it is lossy (tested). At T > 0 such a tree is still
 //! verified losslessly by sample-and-match ([`accept_matching`]: sample the
@@ -38,6 +45,8 @@
 //! p(children) instead of the overlap the rejection rule gets.
 
 use super::TreeVerdict;
+#[cfg(doc)]
+use super::sample::FirstChild;
 use super::sample::{Chance, SampledTree};
 #[cfg(doc)]
 use super::{accept_matching, grow_tree, sample_tree};
@@ -91,25 +100,40 @@ impl Rule {
     }
 }
 
-/// Recursive rejection sampling at one node (module doc). The current target
-/// p^(k) is w / total on q's support and outside * p / total elsewhere, so a
-/// step costs O(|supp q|) and only the final draw walks p. At k = 0 every
-/// number is the one `sampling::verify` computes, so a chain verifies as it does.
-fn choose<C: Chance>(children: &[i32], q: Option<&Checked>, p: &Checked, chance: &mut C, rule: Rule) -> Outcome {
-    let support: Vec<(i32, f64)> = q.map(|q| q.entries().filter(|e| e.1 > 0.0).collect()).unwrap_or_default();
+/// Recursive rejection sampling at one node (module doc); `fixed[k]`: child
+/// k was taken without a draw (a point mass on it). The current target p^(k)
+/// is w / total on the support (q's, and the fixed children's) and
+/// outside * p / total elsewhere, so a step costs O(|supp q|) and only the
+/// final draw walks p. At k = 0 every number is the one `sampling::verify`
+/// computes, so a chain verifies as it does.
+fn choose<C: Chance>(
+    children: &[i32],
+    fixed: &[bool],
+    q: Option<&Checked>,
+    p: &Checked,
+    chance: &mut C,
+    rule: Rule,
+) -> Outcome {
+    let mut support: Vec<(i32, f64)> = q.map(|q| q.entries().filter(|e| e.1 > 0.0).collect()).unwrap_or_default();
+    for (&c, _) in children.iter().zip(fixed).filter(|e| *e.1) {
+        if let Err(at) = support.binary_search_by_key(&c, |e| e.0) {
+            support.insert(at, (c, 0.0));
+        }
+    }
     let mut w: Vec<f64> = support.iter().map(|&(id, _)| p.prob(id)).collect();
     let out_mass = (1.0 - w.iter().sum::<f64>()).max(0.0);
     let (mut outside, mut total) = (1.0, 1.0);
     let mut left: Vec<f64> = support.iter().map(|e| e.1).collect();
-    let mut left_mass = 1.0; // q is normalized
+    let mut left_mass: f64 = left.iter().sum();
     for (k, &c) in children.iter().enumerate() {
-        let i = support.binary_search_by_key(&c, |e| e.0).expect("children are checked to be in q's support");
-        if chance.accept(acceptance_probability(w[i] / total, left[i] / left_mass)) {
+        let i = support.binary_search_by_key(&c, |e| e.0).expect("children are checked to be in the support");
+        // q^(k-1) at support entry j: a point mass on c for a child taken without a draw
+        let q_at = |j: usize| if fixed[k] { (j == i) as u8 as f64 } else { left[j] / left_mass };
+        if chance.accept(acceptance_probability(w[i] / total, q_at(i))) {
             return Outcome::Child(k);
         }
         if rule.updates_target(k + 1 == children.len()) {
-            let r: Vec<f64> =
-                w.iter().zip(&left).map(|(&wj, &qj)| residual_weight(wj / total, qj / left_mass)).collect();
+            let r: Vec<f64> = w.iter().enumerate().map(|(j, &wj)| residual_weight(wj / total, q_at(j))).collect();
             let r_total = outside / total * out_mass + r.iter().sum::<f64>();
             // At or below epsilon the residual is rounding: p^(k-1) = q^(k-1)
             // and the rejection had probability 0; keep p^(k-1).
@@ -131,10 +155,11 @@ fn choose<C: Chance>(children: &[i32], q: Option<&Checked>, p: &Checked, chance:
     Outcome::Emit(entries[chance.pick(&weights)].0)
 }
 
-/// Checks that `children` are distinct and each in q's support.
-fn check_children(children: &[i32], q: &Checked, what: &str) -> Result<()> {
+/// Checks that `children` are distinct and each drawn one in q's support.
+fn check_children(children: &[i32], fixed: &[bool], q: Option<&Checked>, what: &str) -> Result<()> {
     for (k, &c) in children.iter().enumerate() {
-        if children[..k].contains(&c) || q.prob(c) <= 0.0 {
+        let drawn_outside = !fixed[k] && q.is_none_or(|q| q.prob(c) <= 0.0);
+        if children[..k].contains(&c) || drawn_outside {
             return Err(Error::invalid(format!(
                 "{what}: child {k} (token {c}) repeats a sibling or has q = 0 (not drawn from q without replacement)"
             )));
@@ -150,8 +175,9 @@ fn check_children(children: &[i32], q: &Checked, what: &str) -> Result<()> {
 pub fn verify_children(children: &[i32], q: Dist, p: Dist, n_vocab: usize, rng: &mut Rng) -> Result<Outcome> {
     let p = Checked::new(p, n_vocab, "p")?;
     let q = Checked::new(q, n_vocab, "q")?;
-    check_children(children, &q, "node")?;
-    Ok(choose(children, Some(&q), &p, rng, Rule::Lossless))
+    let drawn = vec![false; children.len()];
+    check_children(children, &drawn, Some(&q), "node")?;
+    Ok(choose(children, &drawn, Some(&q), &p, rng, Rule::Lossless))
 }
 
 /// One step of verifying a [`sample_tree`] tree.
@@ -181,15 +207,15 @@ pub fn verify_sampled_node(
     let p = Checked::new(p, n_vocab, "p")?;
     let kids: Vec<usize> = tree.tree.children(at).collect();
     let tokens = tree.tree.tokens(&kids);
+    let fixed = tree.fixed_of(&kids);
     let q = match (kids.is_empty(), tree.q(at)) {
         (true, _) => None,
         (false, Some(q)) => Some(Checked::new(q, n_vocab, "q")?),
-        (false, None) => return Err(Error::invalid(format!("node {at:?} has children but no q"))),
+        (false, None) if fixed.iter().all(|&f| f) => None,
+        (false, None) => return Err(Error::invalid(format!("node {at:?} has drawn children but no q"))),
     };
-    if let Some(q) = &q {
-        check_children(&tokens, q, "node")?;
-    }
-    Ok(match choose(&tokens, q.as_ref(), &p, rng, Rule::Lossless) {
+    check_children(&tokens, &fixed, q.as_ref(), "node")?;
+    Ok(match choose(&tokens, &fixed, q.as_ref(), &p, rng, Rule::Lossless) {
         Outcome::Child(k) => TreeStep::Accept(kids[k]),
         Outcome::Emit(x) => TreeStep::Emit(x),
     })
@@ -217,20 +243,20 @@ fn verify_sampled_with<C: Chance>(
         p.iter().enumerate().map(|(i, &d)| Checked::new(d, n_vocab, &format!("p[{i}]"))).collect::<Result<Vec<_>>>()?;
     let kids = tree.tree.children_by_slot();
     let mut qs = Vec::with_capacity(kids.len());
+    let fixed: Vec<Vec<bool>> = kids.iter().map(|k| tree.fixed_of(k)).collect();
     for (s, k) in kids.iter().enumerate() {
         let q = match (k.is_empty(), tree.q(s.checked_sub(1))) {
             (true, _) => None,
             (false, Some(q)) => Some(Checked::new(q, n_vocab, &format!("q[{s}]"))?),
-            (false, None) => return Err(Error::invalid(format!("slot {s} has children but no q"))),
+            (false, None) if fixed[s].iter().all(|&f| f) => None,
+            (false, None) => return Err(Error::invalid(format!("slot {s} has drawn children but no q"))),
         };
-        if let Some(q) = &q {
-            check_children(&tree.tree.tokens(k), q, &format!("slot {s}"))?;
-        }
+        check_children(&tree.tree.tokens(k), &fixed[s], q.as_ref(), &format!("slot {s}"))?;
         qs.push(q);
     }
     let (mut path, mut tokens, mut s) = (Vec::new(), Vec::new(), 0);
     loop {
-        match choose(&tree.tree.tokens(&kids[s]), qs[s].as_ref(), &ps[s], chance, rule) {
+        match choose(&tree.tree.tokens(&kids[s]), &fixed[s], qs[s].as_ref(), &ps[s], chance, rule) {
             Outcome::Child(k) => {
                 let c = kids[s][k];
                 path.push(c);
@@ -248,9 +274,10 @@ fn verify_sampled_with<C: Chance>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ngram::Branch;
     use crate::sampling::{self, STREAM_DRAFT, STREAM_VERIFY};
     use crate::selector::Lattice;
-    use crate::tree::sample::{row_q, sample_tree_with};
+    use crate::tree::sample::{FirstChild, Proposals, row_q, sample_tree_with};
     use crate::tree::test_support::{block, random_block, same};
     use crate::tree::{TreeLimits, accept_matching, grow_tree, sample_tree, slot};
 
@@ -353,8 +380,8 @@ mod tests {
 
     /// One speculative step: sample a tree, verify it, complete the emitted
     /// tokens to LEN by target sampling. Returns (outcome index, accepted).
-    fn step<C: Chance>(lat: &Lattice, limits: TreeLimits, t: f32, c: &mut C, rule: Rule) -> (usize, usize) {
-        let tree = sample_tree_with(lat, limits, V, t, c);
+    fn step<C: Chance>(lat: &Lattice, draft: Draft, c: &mut C, rule: Rule) -> (usize, usize) {
+        let tree = sample_tree_with(lat, draft.limits, V, draft.t, draft.first, draft.proposals(), c);
         verify_step(&tree, c, rule)
     }
 
@@ -376,10 +403,10 @@ mod tests {
     }
 
     /// Exact distribution of the LEN emitted tokens, and E[accepted].
-    fn exact(lat: &Lattice, limits: TreeLimits, t: f32, rule: Rule) -> (Vec<f64>, f64) {
+    fn exact(lat: &Lattice, draft: Draft, rule: Rule) -> (Vec<f64>, f64) {
         let mut dist = vec![0.0; V.pow(LEN as u32)];
         let mut acc = 0.0;
-        for ((i, a), pr) in enumerate(|c| step(lat, limits, t, c, rule)) {
+        for ((i, a), pr) in enumerate(|c| step(lat, draft, c, rule)) {
             dist[i] += pr;
             acc += pr * a as f64;
         }
@@ -390,17 +417,68 @@ mod tests {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f64>() / 2.0
     }
 
-    fn configs() -> Vec<(TreeLimits, f32)> {
+    /// How a test tree is drafted: its limits, q's temperature, its first
+    /// children, and proposals taken without a draw (n-gram branches: tokens
+    /// from the anchor, match length) with their estimated acceptance.
+    #[derive(Clone, Copy, Debug)]
+    struct Draft {
+        limits: TreeLimits,
+        t: f32,
+        first: FirstChild,
+        branches: &'static [(&'static [i32], usize)],
+        est: f64,
+    }
+
+    impl Draft {
+        fn proposals(&self) -> Proposals<'static> {
+            // leaked: a test's handful of small branch lists
+            let branches: &'static [Branch] = Box::leak(
+                self.branches
+                    .iter()
+                    .map(|&(t, m)| Branch { tokens: t.to_vec(), match_len: m })
+                    .collect::<Vec<_>>()
+                    .into(),
+            );
+            let est: &'static dyn Fn(usize, usize) -> f64 = match self.est {
+                e if e >= 0.9 => &|_, _| 0.95,
+                e if e >= 0.4 => &|m, d| 0.2 * m as f64 / d as f64,
+                _ => &|_, _| 0.05,
+            };
+            Proposals { branches, max_depth: 2, p: est }
+        }
+    }
+
+    fn drawn(limits: TreeLimits, t: f32) -> Draft {
+        Draft { limits, t, first: FirstChild::Drawn, branches: &[], est: 0.0 }
+    }
+
+    /// Branch sets over V = 4: one whose tokens q has, one whose tokens it
+    /// may not (token 3 follows 0 and 2 in the target), branches sharing a
+    /// first token.
+    const BRANCHES: [&[(&[i32], usize)]; 3] = [&[], &[(&[3, 0], 2), (&[1, 3], 1)], &[(&[2, 3], 3), (&[2, 1], 1)]];
+
+    fn configs() -> Vec<Draft> {
         let mut out = Vec::new();
-        for n_nodes in [1, 2, 3, 5] {
-            for (max_children, max_leaves) in [(0, 0), (1, 0), (2, 0), (0, 2)] {
-                for t in [0.6, 1.0, 1.7] {
-                    out.push((TreeLimits { n_nodes, max_depth: 2, max_children, max_leaves, p_min: 0.0 }, t));
+        for (first, branches, est) in [
+            (FirstChild::Drawn, BRANCHES[0], 0.0),
+            (FirstChild::Greedy, BRANCHES[0], 0.0),
+            (FirstChild::Drawn, BRANCHES[1], 0.95),
+            (FirstChild::Drawn, BRANCHES[2], 0.5),
+            (FirstChild::Greedy, BRANCHES[1], 0.5),
+            (FirstChild::Drawn, BRANCHES[1], 0.05),
+        ] {
+            for n_nodes in [1, 2, 3, 5] {
+                for (max_children, max_leaves) in [(0, 0), (1, 0), (2, 0), (0, 2)] {
+                    for t in [0.6, 1.0, 1.7] {
+                        let limits = TreeLimits { n_nodes, max_depth: 2, max_children, max_leaves, p_min: 0.0 };
+                        out.push(Draft { limits, t, first, branches, est });
+                    }
                 }
             }
+            let limits = TreeLimits { p_min: 0.5, ..TreeLimits::tree(5, 2) };
+            out.push(Draft { limits, t: 1.0, first, branches, est });
+            out.push(Draft { limits: TreeLimits::tree(5, 2), t: 0.0, first, branches, est });
         }
-        out.push((TreeLimits { p_min: 0.5, ..TreeLimits::tree(5, 2) }, 1.0));
-        out.push((TreeLimits::tree(5, 2), 0.0));
         out
     }
 
@@ -411,13 +489,13 @@ mod tests {
         let mut outcomes = 0;
         for (rows, n_embd) in lattices() {
             let lat = Lattice::new(&rows, n_embd, 3).unwrap();
-            for (limits, t) in configs() {
-                let all = enumerate(|c| step(&lat, limits, t, c, Rule::Lossless));
+            for draft in configs() {
+                let all = enumerate(|c| step(&lat, draft, c, Rule::Lossless));
                 outcomes += all.len();
-                let (got, _) = exact(&lat, limits, t, Rule::Lossless);
+                let (got, _) = exact(&lat, draft, Rule::Lossless);
                 assert!((got.iter().sum::<f64>() - 1.0).abs() < 1e-12);
                 for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert!((g - w).abs() < 1e-9, "{limits:?} t={t}: outcome {i}: {g} vs {w}");
+                    assert!((g - w).abs() < 1e-9, "{draft:?}: outcome {i}: {g} vs {w}");
                 }
             }
         }
@@ -431,12 +509,13 @@ mod tests {
             let mut worst: f64 = 0.0;
             for (rows, n_embd) in lattices() {
                 let lat = Lattice::new(&rows, n_embd, 3).unwrap();
-                for (limits, t) in configs() {
-                    let (got, _) = exact(&lat, limits, t, rule);
+                for draft in configs() {
+                    let (got, _) = exact(&lat, draft, rule);
                     assert!((got.iter().sum::<f64>() - 1.0).abs() < 1e-12);
                     worst = worst.max(tv(&got, &want));
                     // with one child per node the rules coincide with the lossless one
-                    if limits.max_children == 1 || limits.n_nodes == 1 || t == 0.0 {
+                    let one_child = draft.limits.max_children == 1 || draft.limits.n_nodes == 1;
+                    if one_child || (draft.t == 0.0 && draft.branches.is_empty()) {
                         assert!(tv(&got, &want) < 1e-9);
                     }
                 }
@@ -468,7 +547,7 @@ mod tests {
                 }
             })
             .collect();
-        let det = SampledTree { tree: tree.clone(), q };
+        let det = SampledTree { tree: tree.clone(), q, fixed: Vec::new() };
         let mut got = vec![0.0; V.pow(LEN as u32)];
         for ((i, _), pr) in enumerate(|c| verify_step(&det, c, Rule::Lossless)) {
             got[i] += pr;
@@ -495,12 +574,89 @@ mod tests {
     }
 
     #[test]
+    fn a_greedy_first_chain_accepts_what_sample_and_match_accepts_on_it() {
+        // one child per node, taken without a draw: accepted with p(child),
+        // as sample-and-match accepts it (the lattice has no duplicate
+        // candidate, so the tree is drafted without a random number)
+        let (rows, n_embd) = &lattices()[1];
+        let lat = Lattice::new(rows, *n_embd, 3).unwrap();
+        for t in [0.6, 1.0, 1.7] {
+            let draft = Draft { first: FirstChild::Greedy, ..drawn(TreeLimits::chain(2, 0.0), t) };
+            let tree = sample_tree(&lat, draft.limits, V, t, draft.first, Proposals::none(), &mut Rng::new(0)).unwrap();
+            assert_eq!(tree.tree().len(), 2);
+            let (_, rejection) = exact(&lat, draft, Rule::Lossless);
+            let det = tree.tree();
+            let matching: f64 = enumerate(|c| {
+                accept_matching(det, |row| {
+                    let prefix = row.map_or(Vec::new(), |i| det.tokens(&det.path_to(i)));
+                    c.pick(&given(&target(&prefix))) as i32
+                })
+                .path
+                .len()
+            })
+            .into_iter()
+            .map(|(a, pr)| a as f64 * pr)
+            .sum();
+            let (_, drawn_chain) = exact(&lat, drawn(draft.limits, t), Rule::Lossless);
+            eprintln!(
+                "t={t}: E[accepted] greedy first {rejection:.4}, sample-and-match {matching:.4}, drawn {drawn_chain:.4}"
+            );
+            assert!((rejection - matching).abs() < 1e-12, "{rejection} vs {matching}");
+        }
+    }
+
+    #[test]
+    fn proposals_become_children_without_a_draw_where_they_outrank_the_next_draw() {
+        let (rows, n_embd) = &lattices()[0];
+        let lat = Lattice::new(rows, *n_embd, 3).unwrap();
+        let confident = Draft { branches: BRANCHES[1], est: 0.95, ..drawn(TreeLimits::tree(6, 2), 1.0) };
+        let s = sample_tree(&lat, confident.limits, V, 1.0, FirstChild::Drawn, confident.proposals(), &mut Rng::new(3))
+            .unwrap();
+        let t = s.tree();
+        let anchor: Vec<usize> = t.children(None).collect();
+        assert_eq!(t.tokens(&anchor[..2]), vec![3, 1], "both branch heads first, in estimate order");
+        assert_eq!(s.fixed_of(&anchor), (0..anchor.len()).map(|k| k < 2).collect::<Vec<_>>());
+        for (i, n) in t.nodes().iter().enumerate() {
+            if n.parent() == Some(anchor[0]) && s.fixed[i] {
+                assert_eq!(n.token, 0, "the branch [3, 0] goes on under its head");
+            }
+        }
+        assert!(t.nodes().iter().zip(&s.fixed).any(|(n, &f)| f && n.depth == 2), "a branch's second token");
+        // a proposal estimated below the next draw waits behind the draws
+        let doubtful = Draft { est: 0.05, ..confident };
+        let s = sample_tree(&lat, doubtful.limits, V, 1.0, FirstChild::Drawn, doubtful.proposals(), &mut Rng::new(3))
+            .unwrap();
+        let first = s.tree().children(None).next().unwrap();
+        assert!(!s.fixed[first]);
+    }
+
+    #[test]
+    fn a_greedy_first_child_comes_first_and_its_siblings_are_drawn_without_it() {
+        let mut rng = Rng::new(11);
+        for _ in 0..500 {
+            let (rows, n_embd, k) = random_block(&mut rng, 6, true);
+            let lat = Lattice::new(&rows, n_embd, k).unwrap();
+            let s = sample_tree(&lat, TreeLimits::tree(8, 3), 6, 0.9, FirstChild::Greedy, Proposals::none(), &mut rng)
+                .unwrap();
+            let kids = s.tree().children_by_slot();
+            for (slot, children) in kids.iter().enumerate() {
+                let Some(&first) = children.first() else { continue };
+                let Some(Dist::Sparse { ids, probs }) = s.q(slot.checked_sub(1)) else { panic!() };
+                let best = (0..probs.len()).fold(0, |b, j| if probs[j] > probs[b] { j } else { b });
+                assert_eq!(s.tree().nodes()[first].token, ids[best], "slot {slot}");
+                let tokens = s.tree().tokens(children);
+                assert!(tokens.iter().enumerate().all(|(i, t)| !tokens[..i].contains(t)), "distinct siblings");
+            }
+        }
+    }
+
+    #[test]
     fn a_tree_accepts_more_than_a_chain_of_its_depth() {
         let (rows, n_embd) = &lattices()[0];
         let lat = Lattice::new(rows, *n_embd, 3).unwrap();
-        let (_, chain) = exact(&lat, TreeLimits::chain(2, 0.0), 1.0, Rule::Lossless);
-        let (_, tree) = exact(&lat, TreeLimits::tree(5, 2), 1.0, Rule::Lossless);
-        let (_, wide) = exact(&lat, TreeLimits::tree(12, 2), 1.0, Rule::Lossless);
+        let (_, chain) = exact(&lat, drawn(TreeLimits::chain(2, 0.0), 1.0), Rule::Lossless);
+        let (_, tree) = exact(&lat, drawn(TreeLimits::tree(5, 2), 1.0), Rule::Lossless);
+        let (_, wide) = exact(&lat, drawn(TreeLimits::tree(12, 2), 1.0), Rule::Lossless);
         eprintln!("E[accepted] depth 2: chain {chain:.4}, tree of 5 {tree:.4}, full tree {wide:.4}");
         assert!(tree > chain + 0.05 && wide >= tree);
     }
@@ -522,14 +678,14 @@ mod tests {
         let want = target_joint();
         let n = 200_000;
         let threshold = tv_threshold(n, want.len()); // 64 outcomes: ~0.0128
-        let (exact_lossy, _) = exact(&lat, limits, 1.0, Rule::NoResidual);
+        let (exact_lossy, _) = exact(&lat, drawn(limits, 1.0), Rule::NoResidual);
         let run = |rule: Rule| {
             let mut draft = Rng::with_stream(8, STREAM_DRAFT);
             let mut verify = Rng::with_stream(8, STREAM_VERIFY);
             let mut counts = vec![0usize; want.len()];
             let mut accepted = 0;
             for _ in 0..n {
-                let tree = sample_tree_with(&lat, limits, V, 1.0, &mut draft);
+                let tree = sample_tree_with(&lat, limits, V, 1.0, FirstChild::Drawn, Proposals::none(), &mut draft);
                 let (i, a) = verify_step(&tree, &mut verify, rule);
                 counts[i] += 1;
                 accepted += a;
@@ -545,7 +701,7 @@ mod tests {
         );
         assert!(honest < threshold, "TV {honest} >= {threshold}");
         assert!(lossy > 2.0 * threshold, "lossy TV {lossy}");
-        let (_, exact_rate) = exact(&lat, limits, 1.0, Rule::Lossless);
+        let (_, exact_rate) = exact(&lat, drawn(limits, 1.0), Rule::Lossless);
         assert!((rate - exact_rate).abs() < 0.01, "{rate} vs {exact_rate}");
     }
 
@@ -555,7 +711,9 @@ mod tests {
         for seed in 0..3000u64 {
             let (rows, n_embd, k) = random_block(&mut rng, V, false);
             let lat = Lattice::new(&rows, n_embd, k).unwrap();
-            let tree = sample_tree(&lat, TreeLimits::chain(4, 0.0), V, 0.9, &mut rng).unwrap();
+            let tree =
+                sample_tree(&lat, TreeLimits::chain(4, 0.0), V, 0.9, FirstChild::Drawn, Proposals::none(), &mut rng)
+                    .unwrap();
             let t = tree.tree();
             let draft = t.tokens(&(0..t.len()).collect::<Vec<_>>());
             let ps: Vec<[f32; V]> = (0..=draft.len()).map(|i| target(&draft[..i])).collect();
@@ -579,7 +737,16 @@ mod tests {
             let lat = Lattice::new(&rows, n_embd, k).unwrap();
             let limits =
                 TreeLimits { max_children: (seed % 3) as usize, ..TreeLimits::tree(1 + (seed % 7) as usize, 8) };
-            let tree = sample_tree(&lat, limits, V, [0.5, 1.0, 1.5][(seed % 3) as usize], &mut rng).unwrap();
+            let tree = sample_tree(
+                &lat,
+                limits,
+                V,
+                [0.5, 1.0, 1.5][(seed % 3) as usize],
+                FirstChild::Drawn,
+                Proposals::none(),
+                &mut rng,
+            )
+            .unwrap();
             let t = tree.tree();
             branched += (t.nodes().iter().any(|n| n.depth > 1) && t.children(None).count() > 1) as usize;
             let ps: Vec<[f32; V]> =
@@ -605,7 +772,8 @@ mod tests {
         assert!(branched > 300, "{branched}");
         let (rows, n_embd) = &lattices()[0];
         let lat = Lattice::new(rows, *n_embd, 3).unwrap();
-        let tree = sample_tree(&lat, TreeLimits::tree(3, 2), V, 1.0, &mut rng).unwrap();
+        let tree =
+            sample_tree(&lat, TreeLimits::tree(3, 2), V, 1.0, FirstChild::Drawn, Proposals::none(), &mut rng).unwrap();
         let p = target(&[]);
         let before = rng.clone();
         let e = verify_sampled_node(&tree, Some(3), Dist::Dense(&p), V, &mut rng).unwrap_err();
@@ -627,7 +795,8 @@ mod tests {
         assert!(verify_children(&[], q, Dist::Dense(&p), 4, &mut rng).is_ok());
         let (rows, n_embd) = &lattices()[0];
         let lat = Lattice::new(rows, *n_embd, 3).unwrap();
-        let tree = sample_tree(&lat, TreeLimits::tree(3, 2), V, 1.0, &mut rng).unwrap();
+        let tree =
+            sample_tree(&lat, TreeLimits::tree(3, 2), V, 1.0, FirstChild::Drawn, Proposals::none(), &mut rng).unwrap();
         let pd = vec![Dist::Dense(&p); tree.tree().len()];
         assert!(verify_sampled_tree(&tree, &pd, V, &mut rng).unwrap_err().message.contains("p rows"));
         let bad = [0.5f32; 4];

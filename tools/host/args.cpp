@@ -63,6 +63,8 @@ const char * host_args_usage() {
            "  --draft-temp T    temperature of dflash2's sampled draft walk (default: --temp)\n"
            "  --ngram-branches N  n-gram branches (continuations of the text's own earlier occurrences) per\n"
            "                    dflash2 tree draft (default: the library's, 2; 0: none)\n"
+           "  --first-child F   how dflash2's sampled trees choose each node's first child: drawn (from q like\n"
+           "                    its siblings, the library's default) or greedy (q's most probable token)\n"
            "  --prompt TEXT     a user message (repeatable)\n"
            "  --prompts FILE    user messages, one per line\n"
            "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
@@ -114,6 +116,12 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.target_min_ms = to_int(flag, value(), 0);
         } else if (flag == "--ngram-branches") {
             a.params.ngram_branches = to_int(flag, value(), 0);
+        } else if (flag == "--first-child") {
+            const std::string v = value();
+            if (v != "greedy" && v != "drawn") {
+                throw std::runtime_error(flag + " takes greedy or drawn, not '" + v + "'");
+            }
+            a.params.first_child = v == "greedy" ? LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY : LLAMA_SPEC_DFLASH2_FIRST_CHILD_DRAWN;
         } else if (flag == "--draft-temp") {
             a.params.draft_temp = to_temp(flag, value());
         } else if (flag == "--rpc") {

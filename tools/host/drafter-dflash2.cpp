@@ -14,6 +14,7 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
     params.n_threads_batch = hp.n_threads;
     params.walk            = walk;
     params.ngram_branches  = hp.ngram_branches;
+    params.first_child     = hp.first_child;
     return params;
 }
 

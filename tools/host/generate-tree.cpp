@@ -195,7 +195,15 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             }
         }
         t = host_time_us();
-        tgt.decode(batch);
+        if (!tgt.try_decode(batch)) {
+            // the parked cells of earlier steps filled the cache: they only keep each sequence's
+            // cells in position order (as target-only lays them out); free them and decode again
+            for (int32_t k = 0; k < np; ++k) {
+                llama_memory_seq_rm(mem, ids_of(k, np, n_leaves).park, -1, -1);
+            }
+            stats.n_unparked += 1;
+            tgt.decode(batch);
+        }
         stats.t_target_us += host_time_us() - t;
         t = host_time_us();
         engine.process(rows);

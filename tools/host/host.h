@@ -46,6 +46,7 @@ struct host_params {
     float   draft_temp = -1.0f; // dflash2's sampled draft walk temperature (< 0: temp)
     int32_t target_min_ms = 0; // every target decode takes at least this long (a slow target whose rows are nearly free)
     int32_t ngram_branches = -1; // dflash2's n-gram branches per tree draft (-1: the library's default, 0: none)
+    int32_t first_child = -1; // how dflash2's sampled trees choose each first child (-1: the library's default)
     int32_t ngram_size_n = 0; // llama.cpp's n-gram types: lookup size n and draft size m (0: llama.cpp's defaults)
     int32_t ngram_size_m = 0;
 
@@ -74,6 +75,8 @@ struct host_stats {
     // often each tree shape (nodes per depth, e.g. "3,2,1,1") was drafted
     int64_t nodes_at[HOST_MAX_DRAFT] = {};
     std::map<std::string, int64_t> shapes;
+    // tree modes: verify decodes that found the cache full of parked cells (freed, decoded again)
+    int64_t n_unparked = 0;
 
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
@@ -144,6 +147,7 @@ struct host_target {
     std::string              detokenize(const std::vector<llama_token> & tokens) const;
 
     void        decode(common_batch & batch); // throws std::runtime_error
+    bool        try_decode(common_batch & batch); // false: no KV cells for the batch (nothing decoded); else as decode
     llama_token argmax(int32_t i_batch) const;
     bool        sampled() const { return params.temp > 0.0f; }
     bool        is_eog(llama_token id) const { return llama_vocab_is_eog(vocab, id); }

@@ -151,8 +151,17 @@ std::string host_target::detokenize(const std::vector<llama_token> & tokens) con
 }
 
 void host_target::decode(common_batch & batch) {
+    if (!try_decode(batch)) {
+        throw std::runtime_error("target decode failed: 1 (no KV cells for the batch: raise --ctx-size)");
+    }
+}
+
+bool host_target::try_decode(common_batch & batch) {
     const auto start = std::chrono::steady_clock::now();
     const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
+    if (rc == 1) {
+        return false;
+    }
     if (rc != 0) {
         throw std::runtime_error("target decode failed: " + std::to_string(rc));
     }
@@ -162,6 +171,7 @@ void host_target::decode(common_batch & batch) {
     if (params.target_min_ms > 0) {
         std::this_thread::sleep_until(start + std::chrono::milliseconds(params.target_min_ms));
     }
+    return true;
 }
 
 llama_token host_target::argmax(int32_t i_batch) const {
