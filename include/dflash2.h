@@ -37,7 +37,9 @@
 // 7: params.first_child (appended): a sampled tree's parents may take q's
 // most probable token as their first child without a draw (default: drawn, as
 // before); n-gram branches join sampled trees too (children taken without a
-// draw), not only greedy ones.
+// draw), not only greedy ones; state blobs carry the sequence's text (blob
+// version 3: a restored sequence keeps its n-gram branches; older blobs are
+// refused).
 #define LLAMA_SPEC_DFLASH2_API_VERSION 7
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
@@ -1060,8 +1062,8 @@ int32_t llama_spec_dflash2_seq_shift(struct llama_spec_dflash2 *spec,
 int32_t llama_spec_dflash2_seq_clear(struct llama_spec_dflash2 *spec, int32_t seq_id);
 
 // Writes to `*size` the size in bytes of the state blob of `seq_id` (its draft
-// KV cells, position map and queued rows; grows with the sequence, not with
-// the context). Returns 0, or _INVALID_STATE when verify rows await accept().
+// KV cells, position map, queued rows and text, the tokens its n-gram branches
+// match; grows with the sequence, not with the context). Returns 0, or _INVALID_STATE when verify rows await accept().
 int32_t llama_spec_dflash2_state_size(struct llama_spec_dflash2 *spec,
                                       int32_t seq_id,
                                       size_t *size);

@@ -22,7 +22,7 @@ impl Engine {
         self.check_saveable(s)?;
         self.flush()?;
         let q = &self.seqs[s];
-        Ok(state_blob::header_len(&q.map, &q.queued) + self.ctx.state_seq_size(seq))
+        Ok(state_blob::header_len(&q.map, &q.queued, &q.history) + self.ctx.state_seq_size(seq))
     }
 
     /// Writes the state of `seq` into `dst`; returns the bytes written.
@@ -35,13 +35,13 @@ impl Engine {
             )));
         }
         let q = &self.seqs[seq as usize];
-        let h = state_blob::header_len(&q.map, &q.queued);
+        let h = state_blob::header_len(&q.map, &q.queued, &q.history);
         let kv_len = size - h;
         let n = self.ctx.state_seq_get(seq, &mut dst[h..h + kv_len]);
         if n == 0 || n > kv_len {
             return Err(Error::backend(format!("libllama could not save the draft KV of sequence {seq}")));
         }
-        let header = state_blob::encode_header(self.fingerprint, &q.map, &q.queued, n);
+        let header = state_blob::encode_header(self.fingerprint, &q.map, &q.queued, &q.history, n);
         dst[..h].copy_from_slice(&header);
         Ok(h + n)
     }
@@ -108,8 +108,7 @@ impl Engine {
         let q = &mut self.seqs[s];
         q.map = blob.map;
         q.queued = blob.queued;
-        // a state blob holds no text: n-gram branches start over from the next rows
-        q.history.clear();
+        q.history = blob.history;
         Ok(())
     }
 }

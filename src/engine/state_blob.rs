@@ -1,37 +1,47 @@
-//! The per-sequence state blob: the position map, the queued rows and the
-//! sequence's draft KV bytes (libllama's own sequence state), behind a header
-//! that ties it to the drafter it came from. Sizes follow the sequence, not the
-//! context.
+//! The per-sequence state blob: the position map, the queued rows, the
+//! sequence's text (what n-gram branches match) and its draft KV bytes
+//! (libllama's own sequence state), behind a header that ties it to the
+//! drafter it came from. Sizes follow the sequence, not the context.
 //!
 //! Layout (little endian): magic "DF2S", u32 version, u64 drafter fingerprint,
 //! u32 n_feat, u32 n_in_kv, n_in_kv x (i32 target, i32 draft), u32 n_queued,
-//! n_queued x i32 target, n_queued x n_feat f32, u64 kv length, kv bytes.
+//! n_queued x i32 target, n_queued x n_feat f32, u32 n_text, n_text x (i32
+//! target, i32 token), u64 kv length, kv bytes.
 
 use super::row_queue::RowQueue;
 use crate::error::{Error, Result};
+use crate::ngram::TokenHistory;
 use crate::positions::{Entry, MAX_TARGET_POS, SeqMap};
 
 const MAGIC: &[u8; 4] = b"DF2S";
 /// 2: the drafter fingerprint is computed from explicit checkpoint fields.
-const VERSION: u32 = 2;
+/// 3: the sequence's text (its committed tokens by position).
+const VERSION: u32 = 3;
 
 /// A decoded blob; `kv` borrows from the input.
 #[derive(Debug)]
 pub struct Decoded<'a> {
     pub map: SeqMap,
     pub queued: RowQueue,
+    pub history: TokenHistory,
     pub kv: &'a [u8],
 }
 
 /// Bytes of the header and map for a sequence (without the KV bytes).
-pub fn header_len(map: &SeqMap, queued: &RowQueue) -> usize {
-    4 + 4 + 8 + 4 + 4 + map.in_kv().len() * 8 + 4 + queued.len() * (4 + 4 * queued.n_feat()) + 8
+pub fn header_len(map: &SeqMap, queued: &RowQueue, history: &TokenHistory) -> usize {
+    4 + 4 + 8 + 4 + 4 + map.in_kv().len() * 8 + 4 + queued.len() * (4 + 4 * queued.n_feat()) + 4 + history.len() * 8 + 8
 }
 
 /// Writes everything before the KV bytes; the caller appends `kv_len` bytes.
-pub fn encode_header(fingerprint: u64, map: &SeqMap, queued: &RowQueue, kv_len: usize) -> Vec<u8> {
+pub fn encode_header(
+    fingerprint: u64,
+    map: &SeqMap,
+    queued: &RowQueue,
+    history: &TokenHistory,
+    kv_len: usize,
+) -> Vec<u8> {
     let n_feat = queued.n_feat();
-    let mut b = Vec::with_capacity(header_len(map, queued));
+    let mut b = Vec::with_capacity(header_len(map, queued, history));
     b.extend_from_slice(MAGIC);
     b.extend_from_slice(&VERSION.to_le_bytes());
     b.extend_from_slice(&fingerprint.to_le_bytes());
@@ -47,6 +57,11 @@ pub fn encode_header(fingerprint: u64, map: &SeqMap, queued: &RowQueue, kv_len: 
     }
     for f in queued.features() {
         b.extend_from_slice(&f.to_le_bytes());
+    }
+    b.extend_from_slice(&(history.len() as u32).to_le_bytes());
+    for (pos, token) in history.rows() {
+        b.extend_from_slice(&pos.to_le_bytes());
+        b.extend_from_slice(&token.to_le_bytes());
     }
     b.extend_from_slice(&(kv_len as u64).to_le_bytes());
     b
@@ -123,6 +138,12 @@ pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize, dense: bool) -> Res
     }
     let features: Vec<f32> =
         r.take(n_queued * n_feat * 4)?.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let n_text = r.count(8)?;
+    let mut text = Vec::with_capacity(n_text);
+    for _ in 0..n_text {
+        text.push((r.i32()?, r.i32()?));
+    }
+    let history = TokenHistory::from_rows(text).ok_or_else(|| Error::invalid("state blob holds a corrupt text"))?;
     let kv_len = r.u64()?;
     if kv_len != r.b.len() as u64 {
         return Err(Error::invalid("state blob is truncated or has trailing bytes"));
@@ -137,25 +158,26 @@ pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize, dense: bool) -> Res
         last = t;
     }
     let queued = RowQueue::from_parts(n_feat, targets, features).expect("lengths read from the same counts");
-    Ok(Decoded { map, queued, kv: r.b })
+    Ok(Decoded { map, queued, history, kv: r.b })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn sample() -> (SeqMap, RowQueue) {
+    fn sample() -> (SeqMap, RowQueue, TokenHistory) {
         let mut m = SeqMap::default();
         m.inject(&[0, 5]);
         let mut q = RowQueue::new(2);
         q.push(6, &[1.0, 2.0]);
-        (m, q)
+        let h = TokenHistory::from_rows(vec![(0, 11), (5, 12), (6, -1)]).unwrap();
+        (m, q, h)
     }
 
     fn blob(kv: &[u8]) -> Vec<u8> {
-        let (m, q) = sample();
-        let mut b = encode_header(42, &m, &q, kv.len());
-        assert_eq!(b.len(), header_len(&m, &q));
+        let (m, q, h) = sample();
+        let mut b = encode_header(42, &m, &q, &h, kv.len());
+        assert_eq!(b.len(), header_len(&m, &q, &h));
         b.extend_from_slice(kv);
         b
     }
@@ -166,7 +188,19 @@ mod tests {
         let d = decode(&b, 42, 2, true).unwrap();
         assert_eq!(d.map, sample().0);
         assert_eq!(d.queued, sample().1);
+        assert_eq!(d.history, sample().2);
         assert_eq!(d.kv, &[9, 9, 9]);
+    }
+
+    #[test]
+    fn a_text_out_of_position_order_is_refused() {
+        let (m, q, _) = sample();
+        let h = TokenHistory::from_rows(vec![(0, 11), (5, 12)]).unwrap();
+        let mut b = encode_header(42, &m, &q, &h, 0);
+        // the second text row's position, just before the kv length
+        let at = b.len() - 8 - 8;
+        b[at..at + 4].copy_from_slice(&0i32.to_le_bytes());
+        assert!(decode(&b, 42, 2, true).unwrap_err().message.contains("text"));
     }
 
     #[test]
@@ -196,7 +230,7 @@ mod tests {
             let mut m = SeqMap::default();
             let targets: Vec<i32> = in_kv.iter().map(|e| e.0).collect();
             m.inject(&targets);
-            let mut b = encode_header(42, &m, &RowQueue::new(2), 0);
+            let mut b = encode_header(42, &m, &RowQueue::new(2), &TokenHistory::default(), 0);
             // rewrite the entries as forged, then append the queued rows
             for (i, &(t, d)) in in_kv.iter().enumerate() {
                 b[24 + i * 8..28 + i * 8].copy_from_slice(&t.to_le_bytes());
@@ -209,6 +243,7 @@ mod tests {
                 b.extend_from_slice(&t.to_le_bytes());
             }
             b.extend(std::iter::repeat_n(0u8, queued.len() * 8));
+            b.extend_from_slice(&0u32.to_le_bytes()); // no text
             b.extend_from_slice(&0u64.to_le_bytes());
             b
         };

@@ -32,7 +32,9 @@ use crate::params::llama_spec_dflash2_params;
 /// 7: params.first_child (appended): a sampled tree's parents may take q's
 /// most probable token as their first child without a draw (default: drawn, as
 /// before); n-gram branches join sampled trees too (children taken without a
-/// draw), not only greedy ones.
+/// draw), not only greedy ones; state blobs carry the sequence's text (blob
+/// version 3: a restored sequence keeps its n-gram branches; older blobs are
+/// refused).
 pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 7;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION

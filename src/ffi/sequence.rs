@@ -77,8 +77,8 @@ pub unsafe extern "C" fn llama_spec_dflash2_seq_clear(spec: *mut llama_spec_dfla
 }
 
 /// Writes to `*size` the size in bytes of the state blob of `seq_id` (its draft
-/// KV cells, position map and queued rows; grows with the sequence, not with
-/// the context). Returns 0, or _INVALID_STATE when verify rows await accept().
+/// KV cells, position map, queued rows and text, the tokens its n-gram branches
+/// match; grows with the sequence, not with the context). Returns 0, or _INVALID_STATE when verify rows await accept().
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llama_spec_dflash2_state_size(
     spec: *mut llama_spec_dflash2,

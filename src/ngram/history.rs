@@ -83,7 +83,22 @@ impl TokenHistory {
         }
     }
 
-    /// Forgets everything (a sequence emptied or restored from a blob).
+    /// The committed rows as (position, token), in position order.
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = (i32, i32)> + '_ {
+        self.positions.iter().copied().zip(self.tokens.iter().copied())
+    }
+
+    /// A history of these rows (a state blob's); None unless their positions
+    /// ascend strictly, as committed rows' do.
+    pub fn from_rows(rows: Vec<(i32, i32)>) -> Option<TokenHistory> {
+        if rows.windows(2).any(|w| w[0].0 >= w[1].0) || rows.len() > MAX_TOKENS {
+            return None;
+        }
+        let (positions, tokens) = rows.into_iter().unzip();
+        Some(TokenHistory { positions, tokens, anchor: None })
+    }
+
+    /// Forgets everything (a sequence emptied).
     pub fn clear(&mut self) {
         *self = TokenHistory::default();
     }

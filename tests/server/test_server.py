@@ -17,6 +17,7 @@ import argparse
 import concurrent.futures
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -582,6 +583,91 @@ def test_ngram_branches_follow_copied_text():
     run()
 
 
+# prompts whose next tokens spread over several candidates (a copy with an n-gram
+# branch to follow, a free list), the tokens compared per answer, and the seeds
+DIST_PROMPTS = [
+    "the cat sat on the mat, the dog lay by the door; the cat sat on the mat, the dog lay by the",
+    "Here is a list of ten random everyday words, separated by commas:",
+]
+DIST_TOKENS = 4
+DIST_SEEDS = int(os.environ.get("DFLASH2_SERVER_DIST_SEEDS", "300"))
+
+
+def chi_square_p(a, b):
+    """p-value of a two-sample chi-square test that the token counts `a` and `b`
+    (dicts) come from one distribution; tokens seen fewer than 10 times in all are
+    pooled. Wilson-Hilferty's normal approximation of the chi-square tail."""
+    na, nb = sum(a.values()), sum(b.values())
+    bins, other = [], [0, 0]
+    for tok in set(a) | set(b):
+        x, y = a.get(tok, 0), b.get(tok, 0)
+        if x + y >= 10:
+            bins.append((x, y))
+        else:
+            other[0] += x
+            other[1] += y
+    if sum(other):
+        bins.append(tuple(other))
+    df = len(bins) - 1
+    if df < 1:
+        return 1.0
+    stat = sum((math.sqrt(nb / na) * x - math.sqrt(na / nb) * y) ** 2 / (x + y) for x, y in bins)
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def sampled_answers(server, prompt, temperature):
+    # the slot's default sampler chain (top-k 40, top-p 0.95, min-p 0.05) at `temperature`
+    out = []
+    for seed in range(DIST_SEEDS):
+        body = {"prompt": prompt, "n_predict": DIST_TOKENS, "temperature": temperature, "seed": seed,
+                "ignore_eos": True, "return_tokens": True, "cache_prompt": True}
+        out.append(server.request("POST", "/completion", body)["tokens"])
+    return out
+
+
+def token_counts(answers, j):
+    counts = {}
+    for a in answers:
+        counts[a[j]] = counts.get(a[j], 0) + 1
+    return counts
+
+
+def test_sampled_trees_emit_the_no_drafter_servers_token_distribution():
+    # T = 0.8, many seeds: per prompt and position, the token the server with sampled
+    # trees (n-gram branches included) emits and the one the server without a drafter
+    # emits pass a two-sample chi-square test; the same test tells T = 0.8 from T = 0.5
+    # on the server without a drafter, so it can fail
+    @with_servers(("reference", ["-np", "1", "-c", "2048"]),
+                  ("trees", ["-np", "1", "-c", "2048"] + TREE + tree_drafter()))
+    def run(ref, spec):
+        worst, power = 1.0, 1.0
+        for prompt in DIST_PROMPTS:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                want = pool.submit(sampled_answers, ref, prompt, 0.8)
+                got = pool.submit(sampled_answers, spec, prompt, 0.8)
+                want, got = want.result(), got.result()
+            cooler = sampled_answers(ref, prompt, 0.5)
+            for j in range(DIST_TOKENS):
+                p = chi_square_p(token_counts(want, j), token_counts(got, j))
+                q = chi_square_p(token_counts(want, j), token_counts(cooler, j))
+                print(f"  {prompt[:24]!r}... token {j}: p {p:.3f} with trees, {q:.2g} against T 0.5")
+                worst, power = min(worst, p), min(power, q)
+        totals = tree_counters(spec, 1)[0]
+        m = spec.metrics()
+        print(f"  {DIST_SEEDS} seeds x {len(DIST_PROMPTS)} prompts: smallest p {worst:.3f} (trees), {power:.2g} "
+              f"(T 0.5); {totals['n_steps']} trees, {totals['n_branched']} branched, {totals['n_accepted']} nodes "
+              f"accepted, n-gram nodes {m['dflash2_ngram_nodes_total']:.0f}")
+        assert spec.request("GET", "/slots")[0]["draft"]["verify"] == "rejection-sampling-tree"
+        assert totals["n_steps"] > 0 and totals["n_branched"] > 0 and totals["n_accepted"] > 0, totals
+        assert m["dflash2_ngram_nodes_total"] > 0, m
+        # 8 tests: at 1e-3 each, an honest server fails under 1% of runs
+        assert worst > 1e-3, f"the token distributions differ: p {worst}"
+        assert power < 1e-3, f"the test cannot tell T 0.8 from T 0.5: p {power}"
+
+    run()
+
+
 def generate_tokens(server, prompt_tokens, n):
     body = {"prompt": prompt_tokens, "n_predict": n, "temperature": 0, "ignore_eos": True, "return_tokens": True}
     return server.request("POST", "/completion", body)["tokens"]
@@ -848,6 +934,7 @@ TESTS = [
     test_drafted_tokens_carry_the_probabilities_of_a_plain_step,
     test_trees_answer_equal_the_no_drafter_server,
     test_ngram_branches_follow_copied_text,
+    test_sampled_trees_emit_the_no_drafter_servers_token_distribution,
     test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_server,
     test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy,
     test_trees_fall_back_to_chains_or_refuse_with_a_reason,
