@@ -162,7 +162,7 @@ fn poisoned_state_blobs_are_refused_and_never_break_the_engine() {
 
 /// Where the first cell's position sits in a blob of a sequence of `n_cells`
 /// rows: after dflash2's header (magic, version, fingerprint, n_feat, n_in_kv,
-/// the map, n_queued, the queued rows, the KV length) comes libllama's sequence
+/// the map, n_queued, the queued rows, n_text, the text, the KV length) comes libllama's sequence
 /// state: u32 magic, i32 seq_id, u32 n_stream, then for sequence 0's stream
 /// u32 cell_count and per cell i32 pos, u32 n_seq_id, i32 seq_id (the pinned
 /// llama.cpp; asserted, so that a change of that layout fails here instead of
@@ -172,7 +172,8 @@ fn first_cell_pos_at(blob: &[u8], n_cells: usize) -> usize {
     let n_feat = u32_at(16);
     assert_eq!(u32_at(20), n_cells, "n_in_kv");
     let queued_at = 24 + n_cells * 8;
-    let kv = queued_at + 4 + u32_at(queued_at) * (4 + 4 * n_feat) + 8;
+    let text_at = queued_at + 4 + u32_at(queued_at) * (4 + 4 * n_feat);
+    let kv = text_at + 4 + u32_at(text_at) * 8 + 8;
     assert_eq!(u32_at(kv + 4), 0, "the saved sequence id");
     assert!(u32_at(kv + 8) >= 1, "n_stream");
     assert_eq!(u32_at(kv + 12), n_cells, "cell_count of sequence 0's stream");
