@@ -176,16 +176,15 @@ impl Engine {
         let calibration = EdgeCalibration::from_model(&self.tree_acceptance);
         for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
             let (i, mut lim) = (block.request, limits[block.request]);
+            let seq = reqs[i].seq;
+            // n-gram branches: merged into a greedy tree, children taken without a
+            // draw (point masses) in a sampled one
+            let history = self.seqs[seq as usize].history.tokens();
+            let branches = ngram::propose(history, reqs[i].id_last, branch_depths[i], self.ngram_branches);
+            let ng = &self.ngram_acceptance;
             match modes[i] {
                 Mode::Greedy => {
                     let mut tree = grow_tree_by(&lattice, lim, n_vocab, |depth, prob| calibration.p(depth, prob));
-                    let branches = ngram::propose(
-                        self.seqs[reqs[i].seq as usize].history.tokens(),
-                        reqs[i].id_last,
-                        branch_depths[i],
-                        self.ngram_branches,
-                    );
-                    let ng = &self.ngram_acceptance;
                     if !branches.is_empty() {
                         tree = merge_branches(
                             &tree,
@@ -209,11 +208,6 @@ impl Engine {
                     if let Some(policy) = self.policy.as_mut() {
                         lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0);
                     }
-                    // n-gram branches join as children taken without a draw (point masses)
-                    let seq = reqs[i].seq;
-                    let history = self.seqs[seq as usize].history.tokens();
-                    let branches = ngram::propose(history, reqs[i].id_last, branch_depths[i], self.ngram_branches);
-                    let ng = &self.ngram_acceptance;
                     let branch_p = |m: usize, d: usize| ng.p(m, d);
                     let proposals = Proposals { branches: &branches, max_depth: branch_depths[i], p: &branch_p };
                     let rng = &mut sampled::seeded(&mut self.seqs[seq as usize].rng, seed, seq).draft;
