@@ -18,6 +18,7 @@ int main(void) {
     CHECK(params.devices == NULL);
     CHECK(!params.use_extra_bufts);
     CHECK(params.first_child == -1);
+    CHECK(params.adapt_sampled_drafts == -1);
     CHECK(llama_spec_dflash2_params_check(&params) == LLAMA_SPEC_DFLASH2_OK);
     CHECK(strcmp(llama_spec_dflash2_last_error(), "") == 0);
 
@@ -36,6 +37,13 @@ int main(void) {
     CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
     CHECK(strstr(llama_spec_dflash2_last_error(), "first_child") != NULL);
     bad.first_child = LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_OK);
+
+    bad = params;
+    bad.adapt_sampled_drafts = 2;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llama_spec_dflash2_last_error(), "adapt_sampled_drafts") != NULL);
+    bad.adapt_sampled_drafts = 0;
     CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_OK);
 
     bad = params;

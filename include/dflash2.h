@@ -40,7 +40,15 @@
 // draw), not only greedy ones; state blobs carry the sequence's text (blob
 // version 3: a restored sequence keeps its n-gram branches; older blobs are
 // refused).
-#define LLAMA_SPEC_DFLASH2_API_VERSION 7
+// 8: params.adapt_sampled_drafts (appended; default on): a sampled request
+// that leaves draft_temperature unset gets the engine's choice per request
+// temperature and draft shape (was: the request's temperature), and sampled
+// trees grow by calibrated acceptance (0 keeps both as before, but sampled
+// trees now weigh a sibling by the chance its elder siblings are rejected);
+// stats gained n_tuned_drafts and mean_draft_temperature_ratio (appended);
+// llama_spec_dflash2_draft_request and _tree_request gained top_k, top_p and
+// min_p (appended; zero cuts nothing): q cut like the host sampler's p.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 8
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -204,6 +212,19 @@ struct llama_spec_dflash2_params {
   // How a sampled tree's parents choose their first child, an `enum
   // llama_spec_dflash2_first_child` value; -1 (default) = drawn.
   int32_t first_child;
+  // Whether sampled drafts (temperature > 0) adapt to what this engine
+  // measured: -1 (default) or 1 = yes, 0 = no. Adapting: (1) a request that
+  // leaves draft_temperature unset (<= 0) gets the engine's choice, per
+  // request temperature and draft shape (a chain, or a tree by its node
+  // budget), from how well each candidate temperature's q would have
+  // overlapped the target's distributions verified so far (the request's
+  // temperature until it has seen enough); (2) sampled trees grow by each
+  // child's acceptance calibrated on the children this engine's sampled
+  // verification tested (per depth and sibling index). Lossless either way;
+  // but adapting, the draws of a request depend on what the engine verified
+  // before, so a seed reproduces its output only with 0 (and the greedy
+  // walk, whose draft lengths do not depend on timings).
+  int32_t adapt_sampled_drafts;
 };
 
 // What a DFlash2 drafter checkpoint declares, filled by
@@ -280,9 +301,10 @@ struct llama_spec_dflash2_draft_request {
   // draft would bias the output).
   float temperature;
   // Temperature of the draft walk when temperature > 0: < 0 or 0 (unset) =
-  // temperature; > 0 = this value (a lower one can raise acceptance when the
-  // host's chain truncates p with top-k/top-p/min-p). Whatever it is, the
-  // verified output is the target's. NaN and infinities are refused.
+  // the engine's choice for this temperature and draft shape
+  // (params.adapt_sampled_drafts; with it off, temperature); > 0 = this
+  // value. Whatever it is, the verified output is the target's. NaN and
+  // infinities are refused.
   float draft_temperature;
   // Seed of the sequence's two generators (the draft walk's and the
   // verifier's, independent streams of (seed, seq_id)), used as given
@@ -293,6 +315,17 @@ struct llama_spec_dflash2_draft_request {
   // differs from theirs; otherwise they carry on across steps. So the same
   // seed and the same calls give the same drafts and the same verified output.
   uint32_t seed;
+  // The host sampler's top-k, top-p and min-p for this sequence (API
+  // version 8), applied to q as well when temperature > 0: the candidates
+  // the host's chain would drop (by the lattice's temperature-1 softmax,
+  // top-k, then top-p, then min-p, as llama.cpp orders them) get q = 0
+  // before the draft temperature applies, so draws are not spent on
+  // tokens p cannot accept. Lossless whatever they are. Off at 0 (a
+  // zero-initialized request cuts nothing): top_k <= 0, top_p <= 0 or >= 1,
+  // min_p <= 0. NaN and infinities, and min_p > 1, are refused.
+  int32_t top_k;
+  float top_p;
+  float min_p;
 };
 
 // One sequence's part of a tree draft call (llama_spec_dflash2_draft_tree).
@@ -327,12 +360,17 @@ struct llama_spec_dflash2_tree_request {
   // with llama_spec_dflash2_verify_tree_sampled[_step].
   float temperature;
   // Temperature of the tree's draws when temperature > 0: < 0 or 0 (unset) =
-  // temperature; > 0 = this value. NaN and infinities are refused.
+  // the engine's choice (params.adapt_sampled_drafts; with it off,
+  // temperature); > 0 = this value. NaN and infinities are refused.
   float draft_temperature;
   // Seed of the sequence's generators, shared with its sampled chain drafts
   // (see llama_spec_dflash2_draft_request.seed: seeded once, then carried on
   // across steps; the same seed and calls give the same trees and output).
   uint32_t seed;
+  // As llama_spec_dflash2_draft_request's: q cut like the host sampler's p.
+  int32_t top_k;
+  float top_p;
+  float min_p;
 };
 
 // One node of a draft tree. The tree hangs from the anchor (id_last), which
@@ -354,7 +392,9 @@ struct llama_spec_dflash2_tree_node {
   // acceptance given its parent's.
   float prob;
   // Product of the edge probabilities from the anchor down to this node; the
-  // sum over nodes is the lattice's expectation of accepted tokens.
+  // sum over nodes is the lattice's expectation of accepted tokens. In a
+  // sampled tree: the growth's estimate that the target accepts this node
+  // (see llama_spec_dflash2_draft_tree), known before the node was drawn.
   float path_prob;
 };
 
@@ -423,6 +463,11 @@ struct llama_spec_dflash2_stats {
   uint64_t n_ngram_nodes;
   uint64_t n_ngram_reached;
   uint64_t n_ngram_accepted;
+  // Sampled drafts whose draft temperature the engine chose
+  // (params.adapt_sampled_drafts), and their mean draft temperature as
+  // a multiple of the request's (0 when none; API version 8).
+  uint64_t n_tuned_drafts;
+  double mean_draft_temperature_ratio;
 };
 
 #ifdef __cplusplus
@@ -805,9 +850,16 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // verification at that temperature: the same best-first growth, but each
 // child is drawn when its slot comes up, from q = softmax(S[parent's
 // candidate] / draft_temperature) over the usable candidates (duplicate ids
-// merged), without its earlier siblings; slots are ordered by their parent's
-// path probability times the expected q of the next draw, so which children
-// a node gets is decided before they are drawn (what the verification needs).
+// merged), without its earlier siblings; slots are ordered by the estimated
+// probability that the child is accepted: its parent's, times that of its
+// earlier siblings all rejected (a sibling is tested only then), times its
+// own once tested, read from the expected q of the next draw, its depth and
+// its sibling index, calibrated per depth and sibling index on the children
+// this engine's sampled verification tested before (the expected q itself
+// until there are such measurements). So which children a node gets is
+// decided before they are drawn (what the verification needs). When the
+// request leaves draft_temperature unset, the engine chooses it
+// (params.adapt_sampled_drafts).
 // q is kept per parent for llama_spec_dflash2_verify_tree_sampled[_step].
 // Some children are taken without a draw, verified as point masses (accepted
 // with the target's probability of them, the siblings after them drawn from

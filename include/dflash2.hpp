@@ -33,7 +33,7 @@ using tree_node       = llama_spec_dflash2_tree_node;
 
 // a draft request: greedy (temperature 0, upstream's chain) unless a temperature
 // is given; a sampled draft needs the request's seed, and a draft temperature
-// below 0 means "the request's"
+// below 0 means "the library's choice" (params.adapt_sampled_drafts; off: the request's)
 inline draft_request make_request(llama_seq_id seq_id, llama_token id_last, int32_t n_max, float temperature = 0.0f,
         uint32_t seed = 0, float draft_temperature = -1.0f) {
     draft_request r = {};
@@ -59,6 +59,14 @@ inline tree_request make_tree_request(llama_seq_id seq_id, llama_token id_last, 
     r.temperature       = temperature;
     r.draft_temperature = draft_temperature;
     r.seed              = seed;
+    return r;
+}
+// a request whose q is cut like the host sampler's p (top-k, top-p, min-p; 0 = off):
+// works on draft and tree requests alike
+template <typename request> inline request with_truncation(request r, int32_t top_k, float top_p, float min_p) {
+    r.top_k = top_k;
+    r.top_p = top_p;
+    r.min_p = min_p;
     return r;
 }
 using stats           = llama_spec_dflash2_stats;

@@ -82,12 +82,25 @@ bool set_ngram(dflash2_server_options & opts, const char * v) {
     return true;
 }
 
+bool set_adapt_sampled(dflash2_server_options & opts, const char * v) {
+    if (std::strcmp(v, "on") == 0) {
+        opts.adapt_sampled = 1;
+    } else if (std::strcmp(v, "off") == 0) {
+        opts.adapt_sampled = 0;
+    } else {
+        fprintf(stderr, "error: --spec-dflash2-adapt-sampled is on or off, got '%s'\n", v);
+        return false;
+    }
+    return true;
+}
+
 const value_option VALUE_OPTIONS[] = {
     { "--spec-dflash2-block-size", "LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE", set_block_size },
     { "--spec-dflash2-image-rows", "LLAMA_ARG_SPEC_DFLASH2_IMAGE_ROWS", set_image_rows },
     { "--spec-dflash2-walk",       "LLAMA_ARG_SPEC_DFLASH2_WALK",       set_walk       },
     { "--spec-dflash2-tree",       "LLAMA_ARG_SPEC_DFLASH2_TREE",       set_tree       },
     { "--spec-dflash2-ngram",      "LLAMA_ARG_SPEC_DFLASH2_NGRAM",      set_ngram      },
+    { "--spec-dflash2-adapt-sampled", "LLAMA_ARG_SPEC_DFLASH2_ADAPT_SAMPLED", set_adapt_sampled },
 };
 
 } // namespace

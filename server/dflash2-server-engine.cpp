@@ -10,6 +10,9 @@ namespace {
 // how one slot samples, set before each draft
 struct slot_sampling {
     float       temp = 0.0f;      // > 0: sampled drafts, verified by rejection sampling
+    int32_t     top_k = 0;        // the slot's truncation of p, applied to q too (0 / 1 / 0: off)
+    float       top_p = 1.0f;
+    float       min_p = 0.0f;
     uint32_t    seed = 0;         // the slot's sampler seed: the library's generators'
     std::string mode = "greedy";  // for /slots
 
@@ -97,12 +100,13 @@ struct spec_dflash2 : dflash2_server_spec {
             const slot_sampling & s = sampling[seq];
             if (s.tree && tree.has_room((llama_seq_id) seq, (int32_t) tree_requests.size())) {
                 // temperature 0: the greedy tree; > 0: a sampled tree for lossless verification
-                tree_requests.push_back(dflash2::make_tree_request((int32_t) seq, dp.id_last, tree.n_nodes, dp.n_max,
-                        tree.n_leaves, s.temp, s.seed));
+                tree_requests.push_back(dflash2::with_truncation(dflash2::make_tree_request((int32_t) seq, dp.id_last,
+                        tree.n_nodes, dp.n_max, tree.n_leaves, s.temp, s.seed), s.top_k, s.top_p, s.min_p));
                 continue;
             }
             // temperature 0: the greedy chain, as before
-            requests.push_back(dflash2::make_request((int32_t) seq, dp.id_last, dp.n_max, s.temp, s.seed));
+            requests.push_back(dflash2::with_truncation(dflash2::make_request((int32_t) seq, dp.id_last, dp.n_max, s.temp,
+                    s.seed), s.top_k, s.top_p, s.min_p));
         }
         // trees and chains in one step take two draft decodes (sampling slots beside greedy ones)
         if (!tree_requests.empty()) {
@@ -247,8 +251,11 @@ struct spec_dflash2 : dflash2_server_spec {
         } else if (blocker) {
             s.mode = std::string("sample-and-match: ") + blocker;
         } else {
-            s.temp = params.temp;
-            s.mode = s.tree ? "rejection-sampling-tree" : "rejection-sampling";
+            s.temp  = params.temp;
+            s.top_k = params.top_k;
+            s.top_p = params.top_p;
+            s.min_p = params.min_p;
+            s.mode  = s.tree ? "rejection-sampling-tree" : "rejection-sampling";
             if (s.restart) {
                 restart_generators(seq_id);
             }

@@ -23,6 +23,7 @@ struct dflash2_server_options {
     int32_t tree_nodes   = 0;     // nodes per slot and step; 0 = chains (--spec-dflash2-tree, else the walk's default)
     bool    tree_given   = false; // --spec-dflash2-tree was given (else the default budget, which yields where trees do not fit)
     int32_t ngram_branches = -1;  // --spec-dflash2-ngram: n-gram branches per tree (-1: the library's default, 0: none)
+    int32_t adapt_sampled  = -1;  // --spec-dflash2-adapt-sampled: sampled drafts adapt to what was measured (-1: default, on)
     bool    use_upstream = false;
     bool    init_failed  = false; // dflash2 was asked for and no engine could be created
 

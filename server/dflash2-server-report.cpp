@@ -114,6 +114,11 @@ std::string dflash2_server_metrics() {
     counter("dflash2_ngram_nodes_total", "tree nodes an n-gram branch proposed", (double) s.n_ngram_nodes);
     counter("dflash2_ngram_accepted_total", "tree nodes an n-gram branch proposed that the target accepted",
             (double) s.n_ngram_accepted);
+    counter("dflash2_tuned_drafts_total", "sampled drafts whose draft temperature dflash2 chose", (double) s.n_tuned_drafts);
+    out += string_format("# HELP llamacpp:dflash2_draft_temperature_ratio mean draft temperature of those drafts, as a "
+                         "multiple of the slot's\n# TYPE llamacpp:dflash2_draft_temperature_ratio gauge\n"
+                         "llamacpp:dflash2_draft_temperature_ratio %g\n",
+            s.mean_draft_temperature_ratio);
     // the budgets the steps got (the adaptive walk's choices): the mean nodes per
     // verify step is dflash2_verified_nodes_total / (steps of kind chain + tree)
     out += "# HELP llamacpp:dflash2_steps_total slot steps that asked for a draft, by the draft they got "

@@ -25,7 +25,7 @@
 //! and before any measurement it is the raw edge probability itself.
 
 use crate::adaptive::AcceptanceModel;
-use crate::tree::Tree;
+use crate::tree::{SampledTree, Tree};
 
 /// Pseudo-observations of each prior: a bin's rate over all depths starts at
 /// the bin's centre, a depth's rate at the all-depths rate. A few, so that
@@ -136,6 +136,57 @@ pub fn observe_tree(model: &mut AcceptanceModel, tree: &Tree, path: &[usize], n_
         // a node only an n-gram branch proposed has no lattice probability
         if n.in_lattice() && reached[n.parent().map_or(0, |p| p + 1)] {
             model.observe_trial(n.depth - 1, n.prob, path.contains(&i));
+        }
+    }
+}
+
+/// Depths with positions of their own in the sampled trees' model; deeper
+/// ones share the last.
+const SAMPLED_DEPTHS: usize = 16;
+/// Sibling indices with positions of their own; later siblings share the last.
+const SAMPLED_SIBLINGS: usize = 4;
+
+/// The sampled trees' growth key works like the greedy trees' with one more
+/// coordinate: a sampled child is tested only once its earlier siblings were
+/// rejected, against what they left of the target (the residual), so its
+/// acceptance depends on its sibling index as well as its depth; and the
+/// quantity known before the draw is the expected q of the draw, not the
+/// drawn token's. The model's positions are (depth, sibling index) pairs and
+/// its bins that expected q; [`EdgeCalibration::from_model`] turns it into
+/// the estimate ([`EdgeCalibration::p_sampled`]).
+pub fn sampled_model() -> AcceptanceModel {
+    AcceptanceModel::new(SAMPLED_DEPTHS * SAMPLED_SIBLINGS)
+}
+
+fn sampled_position(depth: usize, sibling: usize) -> usize {
+    (depth.clamp(1, SAMPLED_DEPTHS) - 1) * SAMPLED_SIBLINGS + sibling.min(SAMPLED_SIBLINGS - 1)
+}
+
+impl EdgeCalibration {
+    /// P(accepted | tested) for a sampled tree's child at `depth` (1-based),
+    /// sibling index `sibling`, whose draw's expected q is `q`, from a
+    /// [`sampled_model`]'s calibration.
+    pub fn p_sampled(&self, depth: usize, sibling: usize, q: f64) -> f64 {
+        self.p(sampled_position(depth, sibling) + 1, q as f32)
+    }
+}
+
+/// A sampled tree was verified by recursive rejection and `path` accepted:
+/// at the anchor and at each node of the path the children were tested in
+/// order until one was accepted (the next node of the path) or all were
+/// rejected. Children taken from n-gram branches have their own model.
+pub fn observe_sampled_tree(model: &mut AcceptanceModel, tree: &SampledTree, path: &[usize]) {
+    let keys = tree.growth_keys();
+    let parents = std::iter::once(None).chain(path.iter().map(|&i| Some(i)));
+    for (d, parent) in parents.enumerate() {
+        let accepted = path.get(d).copied();
+        for c in tree.tree().children(parent) {
+            if let Some((sibling, q)) = keys.get(c).copied().flatten() {
+                model.observe_trial(sampled_position(d + 1, sibling), q, Some(c) == accepted);
+            }
+            if Some(c) == accepted {
+                break; // the later siblings were not tested
+            }
         }
     }
 }

@@ -57,6 +57,10 @@ pub struct Config {
     pub ngram_branches: usize,
     /// How a sampled tree's parents choose their first child.
     pub first_child: FirstChild,
+    /// Whether an unset draft temperature is the engine's choice
+    /// (`crate::draft_temperature`) rather than the request's temperature,
+    /// and sampled trees grow by calibrated acceptance (`crate::calibration`).
+    pub adapt_sampled_drafts: bool,
 }
 
 impl Default for Config {
@@ -138,6 +142,11 @@ impl Config {
             1 => FirstChild::Greedy,
             f => return Err(Error::invalid(format!("first_child = {f} (-1 default, 0 drawn, 1 greedy)"))),
         };
+        let adapt_sampled_drafts = match p.adapt_sampled_drafts {
+            -1 | 1 => true,
+            0 => false,
+            t => return Err(Error::invalid(format!("adapt_sampled_drafts = {t} (-1 default = 1 on, 0 off)"))),
+        };
         if p.n_threads < 0 || p.n_threads_batch < 0 {
             return Err(Error::invalid("n_threads and n_threads_batch must be >= 0"));
         }
@@ -159,6 +168,7 @@ impl Config {
             use_extra_bufts: p.use_extra_bufts,
             ngram_branches,
             first_child,
+            adapt_sampled_drafts,
         })
     }
 }

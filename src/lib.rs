@@ -14,6 +14,8 @@ pub mod adaptive;
 pub mod calibration;
 pub mod checkpoint;
 pub mod config;
+/// cbindgen:ignore
+pub mod draft_temperature;
 pub mod engine;
 pub mod error;
 pub mod ffi;
@@ -32,6 +34,8 @@ pub mod selector;
 pub mod sys;
 /// cbindgen:ignore
 pub mod tree;
+/// cbindgen:ignore
+pub mod truncation;
 
 pub use config::Config;
 pub use error::{Error, Result, Status};

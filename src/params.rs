@@ -117,6 +117,19 @@ pub struct llama_spec_dflash2_params {
     /// How a sampled tree's parents choose their first child, an `enum
     /// llama_spec_dflash2_first_child` value; -1 (default) = drawn.
     pub first_child: i32,
+    /// Whether sampled drafts (temperature > 0) adapt to what this engine
+    /// measured: -1 (default) or 1 = yes, 0 = no. Adapting: (1) a request that
+    /// leaves draft_temperature unset (<= 0) gets the engine's choice, per
+    /// request temperature and draft shape (a chain, or a tree by its node
+    /// budget), from how well each candidate temperature's q would have
+    /// overlapped the target's distributions verified so far (the request's
+    /// temperature until it has seen enough); (2) sampled trees grow by each
+    /// child's acceptance calibrated on the children this engine's sampled
+    /// verification tested (per depth and sibling index). Lossless either way;
+    /// but adapting, the draws of a request depend on what the engine verified
+    /// before, so a seed reproduces its output only with 0 (and the greedy
+    /// walk, whose draft lengths do not depend on timings).
+    pub adapt_sampled_drafts: i32,
 }
 
 impl Default for llama_spec_dflash2_params {
@@ -139,6 +152,7 @@ impl Default for llama_spec_dflash2_params {
             use_extra_bufts: false,
             ngram_branches: -1,
             first_child: -1,
+            adapt_sampled_drafts: -1,
         }
     }
 }
@@ -196,6 +210,8 @@ mod tests {
             (|p| p.ngram_branches = 17, "ngram_branches"),
             (|p| p.first_child = 2, "first_child"),
             (|p| p.first_child = -2, "first_child"),
+            (|p| p.adapt_sampled_drafts = 2, "adapt_sampled_drafts"),
+            (|p| p.adapt_sampled_drafts = -2, "adapt_sampled_drafts"),
         ];
         for (mutate, field) in cases {
             let mut p = llama_spec_dflash2_params::default();

@@ -13,6 +13,7 @@
 
 use crate::error::{Error, Result};
 use crate::sampling::{Dist, Rng, draw};
+use crate::truncation::DraftQ;
 
 /// Stopping rules of a walk, as upstream applies them.
 #[derive(Clone, Copy, Debug)]
@@ -146,6 +147,17 @@ fn check_temperature(what: &str, t: f32) -> Result<()> {
     }
 }
 
+/// Applies `q`'s truncation to a row's candidate weights: the cut reads the
+/// temperature-1 masses exp(score - max) of the usable candidates.
+pub(crate) fn truncate(q: &DraftQ, scores: &[f32], ids: &[Option<i32>], max: f64, weight: &mut [f64]) {
+    if q.truncation.is_none() {
+        return;
+    }
+    let mass: Vec<f64> =
+        ids.iter().zip(scores).map(|(id, &s)| if id.is_some() { (s as f64 - max).exp() } else { 0.0 }).collect();
+    q.truncation.apply(ids, &mass, weight);
+}
+
 /// A sampled draft token, its position's draft distribution q and the row's
 /// confidence.
 #[derive(Clone, Debug, PartialEq)]
@@ -210,6 +222,19 @@ pub fn sampled_walk(
     t_draft: f32,
     rng: &mut Rng,
 ) -> Result<Vec<SampledPick>> {
+    sampled_walk_q(lattice, limits, n_vocab, DraftQ::at(t_draft), rng)
+}
+
+/// [`sampled_walk`] with q also truncated as the host's sampler truncates p
+/// (`crate::truncation`): candidates the cut drops get q = 0.
+pub fn sampled_walk_q(
+    lattice: &Lattice,
+    limits: WalkLimits,
+    n_vocab: usize,
+    q: DraftQ,
+    rng: &mut Rng,
+) -> Result<Vec<SampledPick>> {
+    let t_draft = q.t;
     check_temperature("draft temperature", t_draft)?;
     let k = lattice.top_k;
     let n_positions = lattice.n_rows().saturating_sub(1).min(limits.n_max);
@@ -239,6 +264,7 @@ pub fn sampled_walk(
                 None => 0.0,
             };
         }
+        truncate(&q, scores, &ids, max, &mut weight);
         let total: f64 = weight.iter().sum();
         // q over tokens: duplicates summed (in f64, then rounded once).
         let mut q_ids: Vec<i32> = Vec::with_capacity(k);
@@ -531,6 +557,29 @@ mod tests {
         };
         assert_eq!(run(5), run(5));
         assert_ne!(run(5), run(6));
+    }
+
+    /// q cut like the host's p: the dropped candidate gets q = 0 and is never
+    /// drawn, the others keep their proportions.
+    #[test]
+    fn a_truncated_walk_draws_only_what_the_host_s_chain_keeps() {
+        use crate::truncation::Truncation;
+        // temperature-1 masses .59, .27, .13
+        let rows = block(&[[1.0, 2.0, 3.0]], &[same([1.0, 0.2, -0.5])]);
+        let lat = Lattice::new(&rows, N_EMBD, K).unwrap();
+        let full = sampled_walk(&lat, limits(1), 10, 1.0, &mut Rng::new(1)).unwrap();
+        assert_eq!(full[0].q_ids, [1, 2, 3]);
+        let ratio = full[0].q_probs[0] / full[0].q_probs[1];
+        for (k, p, m) in [(2, 0.0, 0.0), (0, 0.8, 0.0), (0, 0.0, 0.3)] {
+            let truncation = Truncation::new(k, p, m).unwrap();
+            for seed in 0..50 {
+                let q = DraftQ { t: 1.0, truncation };
+                let w = sampled_walk_q(&lat, limits(1), 10, q, &mut Rng::new(seed)).unwrap();
+                assert_eq!(w[0].q_ids, [1, 2], "{truncation:?}");
+                assert!((w[0].q_probs[0] / w[0].q_probs[1] - ratio).abs() < 1e-5);
+                assert!(w[0].token == 1 || w[0].token == 2);
+            }
+        }
     }
 
     #[test]

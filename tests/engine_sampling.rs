@@ -30,7 +30,15 @@ fn cur_p(p: &[f32], logits: &[f32]) -> Vec<llama_token_data> {
 }
 
 fn request(seq: i32, id_last: i32, n_max: i32, temperature: f32, seed: u32) -> llama_spec_dflash2_draft_request {
-    llama_spec_dflash2_draft_request { seq_id: seq, id_last, n_max, temperature, draft_temperature: 0.0, seed }
+    llama_spec_dflash2_draft_request {
+        seq_id: seq,
+        id_last,
+        n_max,
+        temperature,
+        draft_temperature: 0.0,
+        seed,
+        ..Default::default()
+    }
 }
 
 /// llama_spec_dflash2_draft for one request; the drafted tokens, or the status.
@@ -614,6 +622,13 @@ fn bad_sampling_input_and_calls_out_of_order_are_refused_and_change_nothing() {
         expect_err(draft(&spec, req), "INVALID_ARGUMENT", needle);
         assert_eq!(snapshot(&spec), before);
     }
+    // and a truncation that is not one
+    for (top_p, min_p, needle) in [(f32::NAN, 0.0, "top_p NaN"), (0.9, 1.5, "min_p 1.5"), (0.9, f32::NAN, "min_p NaN")]
+    {
+        let req = llama_spec_dflash2_draft_request { top_k: 40, top_p, min_p, ..request(0, id_last, 3, 0.8, 1) };
+        expect_err(draft(&spec, req), "INVALID_ARGUMENT", needle);
+        assert_eq!(snapshot(&spec), before);
+    }
 
     // temperature 0 is the greedy path whatever the other fields say, and its
     // draft has no q
@@ -811,11 +826,19 @@ fn sampled_run(target: &mut Target, spec: &Spec, seq: i32, seed: u32, n_gen: usi
     out
 }
 
+/// A cleared sequence starts over only where the draft distribution does not
+/// depend on what the engine learned: with the draft temperature tuned
+/// (params.adapt_sampled_drafts, the default) later requests may draft at
+/// another temperature, as the adaptive walk may draft another length.
+fn params_untuned(n_seq: u32) -> llama_spec_dflash2_params {
+    llama_spec_dflash2_params { adapt_sampled_drafts: 0, ..params_1t(n_seq) }
+}
+
 #[test]
 fn the_same_seed_and_calls_give_the_same_output_and_a_cleared_sequence_starts_over() {
     let fx = fixtures();
     let mut target = target_1t(&fx.target, 2);
-    let spec = Spec::new(&target, &fx.drafter, params_1t(2));
+    let spec = Spec::new(&target, &fx.drafter, params_untuned(2));
     let a = sampled_run(&mut target, &spec, 0, 42, 40);
     // cleared: the generators are seeded again
     assert_eq!(sampled_run(&mut target, &spec, 0, 42, 40), a);
@@ -824,6 +847,48 @@ fn the_same_seed_and_calls_give_the_same_output_and_a_cleared_sequence_starts_ov
     assert_ne!(sampled_run(&mut target, &spec, 1, 42, 40), a);
     // a new engine, the same calls
     drop(spec);
-    let spec = Spec::new(&target, &fx.drafter, params_1t(2));
+    let spec = Spec::new(&target, &fx.drafter, params_untuned(2));
     assert_eq!(sampled_run(&mut target, &spec, 0, 42, 40), a);
+    assert_eq!(spec.stats().n_tuned_drafts, 0);
+}
+
+/// Requests that leave the draft temperature unset get the engine's choice
+/// (counted, and a multiple of the request's temperature among the factors
+/// scored); a set draft temperature, or tuning off, is never tuned; a new
+/// engine with the same calls gives the same output (the choice is
+/// deterministic).
+#[test]
+fn unset_draft_temperatures_are_tuned_and_set_ones_are_not() {
+    let fx = fixtures();
+    let mut target = target_1t(&fx.target, 1);
+    let tuned = |target: &mut Target| {
+        let spec = Spec::new(target, &fx.drafter, params_1t(1));
+        let out = sampled_run(target, &spec, 0, 7, 60);
+        let stats = spec.stats();
+        (out, stats.n_tuned_drafts, stats.mean_draft_temperature_ratio)
+    };
+    let first = tuned(&mut target);
+    let (_, n_tuned, r) = first.clone();
+    assert!(n_tuned > 10, "{n_tuned}");
+    assert!((0.7..=2.0).contains(&r), "mean draft temperature ratio {r}");
+    assert_eq!(tuned(&mut target), first, "the same calls, the same choices");
+    // tuning off: no tuned draft
+    let spec = Spec::new(&target, &fx.drafter, params_untuned(1));
+    sampled_run(&mut target, &spec, 0, 7, 20);
+    assert_eq!((spec.stats().n_tuned_drafts, spec.stats().mean_draft_temperature_ratio), (0, 0.0));
+    drop(spec);
+    // a set draft temperature: not tuned
+    let spec = Spec::new(&target, &fx.drafter, params_1t(1));
+    let prompt = fixture_prompt();
+    let rows: Vec<TRow> = prompt
+        .iter()
+        .enumerate()
+        .map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: i + 1 == prompt.len() })
+        .collect();
+    target.seq_rm(0, -1, -1);
+    target.decode(&rows);
+    spec.process(&target);
+    let req = llama_spec_dflash2_draft_request { draft_temperature: 0.9, ..request(0, prompt[0], 3, 1.0, 1) };
+    draft(&spec, req).unwrap();
+    assert_eq!(spec.stats().n_tuned_drafts, 0);
 }

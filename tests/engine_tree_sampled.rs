@@ -354,7 +354,15 @@ fn speculate(
     let streams: Vec<Stream> =
         (0..N_PAR as i32).map(|s| Stream { seq: s, n_past: n_ctx, id_last: anchor, out: Vec::new() }).collect();
     for _ in 0..rounds {
-        let reqs: Vec<_> = (0..N_PAR as i32).map(|s| request(s, anchor, SHAPE, t, seed)).collect();
+        // a host that truncates p passes its truncation on: q is cut too (here also
+        // by a min-p the host's p lacks: any q verifies losslessly)
+        let reqs: Vec<_> = (0..N_PAR as i32)
+            .map(|s| llama_spec_dflash2_tree_request {
+                top_k: top_k as i32,
+                min_p: if top_k > 0 { 0.2 } else { 0.0 },
+                ..request(s, anchor, SHAPE, t, seed)
+            })
+            .collect();
         let trees = draft_trees(&spec, &reqs);
         // the host's p at a tree's row: the anchor's (None) or node i's
         let mut firsts = Vec::new();
@@ -751,6 +759,7 @@ fn bad_sampled_tree_calls_are_refused_and_change_nothing() {
                 temperature: t,
                 draft_temperature: 0.0,
                 seed: 99,
+                ..Default::default()
             };
             assert!(!spec.draft(&[chain])[0].is_empty());
             refused(try_step(&spec, seq, -1, &p), "INVALID_STATE", "a chain");
@@ -873,6 +882,7 @@ fn a_one_child_sampled_tree_is_the_sampled_chain_draft() {
             temperature: 1.2,
             draft_temperature: 0.0,
             seed,
+            ..Default::default()
         }]);
         let r = llama_spec_dflash2_tree_request {
             max_children: 1,

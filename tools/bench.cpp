@@ -228,6 +228,11 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 printf(" %d:%.0f%%", j + 1, s.drafted_at[j] ? 100.0 * s.accepted_at[j] / s.drafted_at[j] : 0.0);
             }
             printf("\n");
+            if (r->median().n_tuned_drafts > 0) {
+                const host_stats & s = r->median();
+                printf("    %-8s draft temperature chosen by the library: %.2f x --temp on average over %lld drafts\n",
+                        r->mode.c_str(), s.tuned_ratio_sum / s.n_tuned_drafts, (long long) s.n_tuned_drafts);
+            }
             if (is_tree(r->mode) && r->median().n_seq_steps > 0) {
                 const host_stats & s = r->median();
                 printf("    %-8s nodes per step by depth:", r->mode.c_str());

@@ -112,7 +112,8 @@ impl Engine {
             self.flush()?;
         }
         let blocks = if width > 0 { self.fill_noise_batch(reqs, &caps, width)? } else { Vec::new() };
-        let drafts = self.decode_and_walk(reqs, &caps, blocks, width)?;
+        let modes = reqs.iter().map(|r| self.mode_of(r, None)).collect::<Result<Vec<Mode>>>()?;
+        let drafts = self.decode_and_walk(&caps, &modes, blocks, width)?;
 
         let mut at = 0;
         for (i, (r, d)) in reqs.iter().zip(drafts).enumerate() {
@@ -121,12 +122,13 @@ impl Engine {
             at += n;
             n_drafted[i] = n as i32;
             let seq = &mut self.seqs[r.seq as usize];
-            if let Mode::Sampled { seed, .. } = sampled::mode(r)? {
+            if let Mode::Sampled { seed, .. } = modes[i] {
                 // a sampled draft of 0 tokens still verifies (the bonus draw)
                 sampled::seeded(&mut seq.rng, seed, r.seq);
             }
-            seq.outstanding = Some(d.into_outstanding(seq.last_target_pos()));
+            seq.outstanding = Some(d.into_outstanding(seq.last_target_pos(), modes[i]));
             self.stats.record_draft(n);
+            self.record_tuning(r, modes[i]);
         }
         if let Some(policy) = self.policy.as_mut() {
             policy.draft_done(Instant::now());
@@ -164,12 +166,11 @@ impl Engine {
     /// adaptive walk's cut).
     fn decode_and_walk(
         &mut self,
-        reqs: &[Request],
         caps: &[usize],
+        modes: &[Mode],
         blocks: Vec<Block>,
         width: usize,
     ) -> Result<Vec<Walked>> {
-        let modes = reqs.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
         let mut drafts: Vec<Walked> = modes.iter().map(|&m| Walked::empty(m)).collect();
         let lattices = self.decode_noise(blocks, width)?;
 

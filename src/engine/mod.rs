@@ -25,6 +25,7 @@ mod state_blob;
 pub mod stats;
 mod tree_sampled;
 mod tree_step;
+mod tuning;
 mod verify;
 
 use std::path::Path;
@@ -66,10 +67,14 @@ pub struct Request {
     /// The host's sampling temperature: 0 drafts the greedy chain; > 0 a
     /// sampled draft with q (`sampled`).
     pub temperature: f32,
-    /// Temperature of the draft walk at temperature > 0; <= 0 takes `temperature`.
+    /// Temperature of the draft walk at temperature > 0; <= 0: the engine's
+    /// choice (`tuning`), or `temperature` with adaptation off.
     pub draft_temperature: f32,
     /// Seeds the sequence's generators (sampled drafts only).
     pub seed: u32,
+    /// The host sampler's top-k / top-p / min-p, applied to q too (sampled
+    /// drafts only; `crate::truncation`).
+    pub truncation: crate::truncation::Truncation,
 }
 
 /// What the engine holds for one sequence (for hosts and tests to check).
@@ -114,12 +119,20 @@ pub struct Engine {
     /// Every child of a greedy tree's reached nodes, accepted or not: what
     /// calibrates the growth key of the next trees (`crate::calibration`).
     tree_acceptance: AcceptanceModel,
+    /// The same for sampled trees, per depth and sibling index, from the
+    /// children their verification tested (`calibration::sampled_model`).
+    sampled_tree_acceptance: AcceptanceModel,
+    /// Whether sampled trees grow by it (else by the raw expected q).
+    calibrate_sampled_trees: bool,
     /// N-gram branches per tree draft (0: none) and what the target
     /// accepted of them (`crate::ngram`).
     ngram_branches: usize,
     ngram_acceptance: NgramAcceptance,
     /// How a sampled tree's parents choose their first child.
     first_child: crate::tree::FirstChild,
+    /// Scores of candidate draft temperatures, for sampled requests that
+    /// leave theirs unset (None: tuning off, they take their temperature).
+    draft_temperatures: Option<crate::draft_temperature::DraftTemperatures>,
     /// Released after Drop turned the capture off (fields drop after drop()).
     _claim: claim::TargetClaim,
 }
@@ -171,9 +184,12 @@ impl Engine {
             scratch: Vec::new(),
             policy: (config.walk == Walk::Adaptive).then(|| AdaptivePolicy::new(s.limits.n_max)),
             tree_acceptance: AcceptanceModel::new(s.limits.n_max.max(1)),
+            sampled_tree_acceptance: crate::calibration::sampled_model(),
             ngram_branches: config.ngram_branches,
             ngram_acceptance: NgramAcceptance::default(),
             first_child: config.first_child,
+            draft_temperatures: config.adapt_sampled_drafts.then(Default::default),
+            calibrate_sampled_trees: config.adapt_sampled_drafts,
         })
     }
 

@@ -11,17 +11,26 @@
 
 use super::sequence::Outstanding;
 use super::{Engine, Request};
+use crate::draft_temperature::Tuning;
 use crate::error::{Error, Result};
 use crate::sampling::{self, Dist, Rng, STREAM_DRAFT, STREAM_VERIFY, Step};
-use crate::selector::{Lattice, Pick, SampledPick, WalkLimits, draft_temperature, greedy_walk_scored, sampled_walk};
+use crate::selector::{Lattice, Pick, SampledPick, WalkLimits, draft_temperature, greedy_walk_scored, sampled_walk_q};
+use crate::truncation::{DraftQ, Truncation};
 
 /// How one request drafts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Mode {
     /// Temperature 0: the greedy chain, exactly as before sampling existed.
     Greedy,
-    /// The sampled walk at `t_draft`, with the sequence's generators for `seed`.
-    Sampled { t_draft: f32, seed: u32 },
+    /// The sampled walk at `t_draft`, q cut by `truncation`, with the
+    /// sequence's generators for `seed`; `tuning` when the engine chose `t_draft`.
+    Sampled { t_draft: f32, seed: u32, truncation: Truncation, tuning: Option<Tuning> },
+}
+
+/// Whether a sampled request leaves its draft temperature to the engine
+/// (<= 0, a zero-initialized field included; NaN is refused by `mode`).
+pub(super) fn leaves_draft_temperature(r: &Request) -> bool {
+    !(r.draft_temperature.is_nan() || r.draft_temperature > 0.0)
 }
 
 /// Checks a request's sampling fields and says how it drafts.
@@ -42,7 +51,17 @@ pub(super) fn mode(r: &Request) -> Result<Mode> {
     let draft = (d.is_nan() || d > 0.0).then_some(d);
     let t_draft =
         draft_temperature(t, draft).map_err(|e| Error::invalid(format!("sequence {}: {}", r.seq, e.message)))?;
-    Ok(Mode::Sampled { t_draft, seed: r.seed })
+    Ok(Mode::Sampled { t_draft, seed: r.seed, truncation: r.truncation, tuning: None })
+}
+
+impl Mode {
+    /// How the engine chose the draft temperature, if it did.
+    pub fn tuning(self) -> Option<Tuning> {
+        match self {
+            Mode::Greedy => None,
+            Mode::Sampled { tuning, .. } => tuning,
+        }
+    }
 }
 
 /// A sequence's generators: the walk's and the verifier's, two streams of one
@@ -147,14 +166,23 @@ impl Walked {
         }
     }
 
-    /// The draft awaiting accept(), made after target position `after_target`.
-    pub fn into_outstanding(self, after_target: Option<i32>) -> Outstanding {
+    /// The draft awaiting accept(), made after target position `after_target`
+    /// in `mode`.
+    pub fn into_outstanding(self, after_target: Option<i32>, mode: Mode) -> Outstanding {
         let (tokens, confidences) = (self.tokens(), self.confidences());
         let sampled = match self {
             Walked::Greedy(_) => None,
             Walked::Sampled(picks) => Some(SampledDraft { picks, next: 0, verdict: None }),
         };
-        Outstanding { tokens, confidences, after_target, sampled, tree: None, sampled_tree: None }
+        Outstanding {
+            tokens,
+            confidences,
+            after_target,
+            sampled,
+            tree: None,
+            sampled_tree: None,
+            tuning: mode.tuning(),
+        }
     }
 }
 
@@ -170,9 +198,10 @@ pub(super) fn walk(
 ) -> Result<Walked> {
     match mode {
         Mode::Greedy => Ok(Walked::Greedy(greedy_walk_scored(lattice, limits, n_vocab))),
-        Mode::Sampled { t_draft, seed } => {
+        Mode::Sampled { t_draft, seed, truncation, .. } => {
             let rng = &mut seeded(rng, seed, seq).draft;
-            Ok(Walked::Sampled(sampled_walk(lattice, limits, n_vocab, t_draft, rng)?))
+            let q = DraftQ { t: t_draft, truncation };
+            Ok(Walked::Sampled(sampled_walk_q(lattice, limits, n_vocab, q, rng)?))
         }
     }
 }
@@ -274,15 +303,19 @@ impl Engine {
         }
         let i = i as usize;
         let mut rng = self.verify_rng(s, seq)?;
-        let (token, accepted) = if i < n {
+        let tuning = o.tuning;
+        let (token, accepted, pick) = if i < n {
             let pick = &sd.picks[i];
             match sampling::verify_token(pick.token, pick.q(), p, self.n_vocab, &mut rng)? {
-                Step::Accepted => (pick.token, true),
-                Step::Rejected(x) => (x, false),
+                Step::Accepted => (pick.token, true, Some(pick.clone())),
+                Step::Rejected(x) => (x, false, Some(pick.clone())),
             }
         } else {
-            (sampling::sample(p, self.n_vocab, &mut rng)?, false)
+            (sampling::sample(p, self.n_vocab, &mut rng)?, false, None)
         };
+        if let Some(pick) = pick {
+            self.observe_tuning(tuning, Some(pick.q()), p, 1);
+        }
         let q = &mut self.seqs[s];
         q.rng.as_mut().expect("checked above").verify = rng;
         let sd = q.outstanding.as_mut().and_then(|o| o.sampled.as_mut()).expect("checked above");
@@ -331,7 +364,12 @@ impl Engine {
         let ps: Vec<Dist> = p_rows.chunks_exact(n_vocab).map(Dist::Dense).collect();
         let mut rng = self.verify_rng(s, seq)?;
         let verdict = sampling::verify(&o.tokens, &qs, &ps, n_vocab, &mut rng)?;
+        let tuning = o.tuning;
+        let reached: Vec<SampledPick> = sd.picks.iter().take(verdict.n_accepted + 1).cloned().collect();
         self.accept(seq, verdict.n_accepted as i32)?;
+        for (pick, &p) in reached.iter().zip(&ps) {
+            self.observe_tuning(tuning, Some(pick.q()), p, 1);
+        }
         self.seqs[s].rng.as_mut().expect("accept keeps the generators").verify = rng;
         out[..verdict.tokens.len()].copy_from_slice(&verdict.tokens);
         Ok(verdict.tokens.len())
@@ -344,7 +382,7 @@ mod tests {
     use crate::error::Status;
 
     fn req(temperature: f32, draft_temperature: f32) -> Request {
-        Request { seq: 3, id_last: 1, n_max: 2, temperature, draft_temperature, seed: 9 }
+        Request { seq: 3, id_last: 1, n_max: 2, temperature, draft_temperature, seed: 9, ..Default::default() }
     }
 
     #[test]
@@ -356,10 +394,22 @@ mod tests {
 
     #[test]
     fn an_unset_draft_temperature_takes_the_request_s_and_a_set_one_wins() {
-        assert_eq!(mode(&req(0.8, 0.0)).unwrap(), Mode::Sampled { t_draft: 0.8, seed: 9 });
-        assert_eq!(mode(&req(0.8, -1.0)).unwrap(), Mode::Sampled { t_draft: 0.8, seed: 9 });
-        assert_eq!(mode(&req(0.8, f32::NEG_INFINITY)).unwrap(), Mode::Sampled { t_draft: 0.8, seed: 9 });
-        assert_eq!(mode(&req(0.8, 0.3)).unwrap(), Mode::Sampled { t_draft: 0.3, seed: 9 });
+        assert_eq!(
+            mode(&req(0.8, 0.0)).unwrap(),
+            Mode::Sampled { t_draft: 0.8, seed: 9, truncation: Truncation::NONE, tuning: None }
+        );
+        assert_eq!(
+            mode(&req(0.8, -1.0)).unwrap(),
+            Mode::Sampled { t_draft: 0.8, seed: 9, truncation: Truncation::NONE, tuning: None }
+        );
+        assert_eq!(
+            mode(&req(0.8, f32::NEG_INFINITY)).unwrap(),
+            Mode::Sampled { t_draft: 0.8, seed: 9, truncation: Truncation::NONE, tuning: None }
+        );
+        assert_eq!(
+            mode(&req(0.8, 0.3)).unwrap(),
+            Mode::Sampled { t_draft: 0.3, seed: 9, truncation: Truncation::NONE, tuning: None }
+        );
     }
 
     #[test]
@@ -407,8 +457,9 @@ mod tests {
 
     #[test]
     fn an_empty_walk_keeps_its_mode() {
-        let o = Walked::empty(Mode::Sampled { t_draft: 1.0, seed: 0 }).into_outstanding(Some(4));
+        let o = Walked::empty(Mode::Sampled { t_draft: 1.0, seed: 0, truncation: Truncation::NONE, tuning: None })
+            .into_outstanding(Some(4), Mode::Greedy);
         assert!(o.tokens.is_empty() && o.sampled.is_some());
-        assert!(Walked::empty(Mode::Greedy).into_outstanding(None).sampled.is_none());
+        assert!(Walked::empty(Mode::Greedy).into_outstanding(None, Mode::Greedy).sampled.is_none());
     }
 }

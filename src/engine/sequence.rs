@@ -5,6 +5,7 @@
 use super::row_queue::RowQueue;
 use super::sampled::{SampledDraft, SeqRng};
 use super::tree_sampled::SampledTreeDraft;
+use crate::draft_temperature::Tuning;
 use crate::ngram::TokenHistory;
 use crate::positions::{KvEdit, SeqMap, TargetRange};
 use crate::tree::Tree;
@@ -27,6 +28,9 @@ pub struct Outstanding {
     /// A sampled tree's q and verification progress (None: a greedy tree or a
     /// chain); its tree is `tree`'s.
     pub sampled_tree: Option<SampledTreeDraft>,
+    /// A sampled draft whose draft temperature the engine chose: its
+    /// verification scores the other candidate temperatures.
+    pub tuning: Option<Tuning>,
 }
 
 pub struct Sequence {

@@ -31,6 +31,10 @@ pub struct Stats {
     pub n_ngram_nodes: u64,
     pub n_ngram_reached: u64,
     pub n_ngram_accepted: u64,
+    /// Sampled drafts whose draft temperature the engine chose, and the sum
+    /// of their draft temperature / request temperature in thousandths.
+    pub n_tuned_drafts: u64,
+    pub tuned_ratio_milli: u64,
 }
 
 impl Default for Stats {
@@ -55,6 +59,8 @@ impl Default for Stats {
             n_ngram_nodes: 0,
             n_ngram_reached: 0,
             n_ngram_accepted: 0,
+            n_tuned_drafts: 0,
+            tuned_ratio_milli: 0,
         }
     }
 }

@@ -10,6 +10,8 @@
 //! its children were drawn from, with the children's draw order kept.
 
 use super::Engine;
+use super::tuning::VerifiedNode;
+use crate::calibration;
 use crate::error::{Error, Result};
 use crate::sampling::Dist;
 use crate::tree::{SampledTree, TreeStep, verify_sampled_node, verify_sampled_tree};
@@ -61,6 +63,15 @@ impl SampledTreeDraft {
 }
 
 impl Engine {
+    /// The sampled tree of sequence index `s` was verified here (recursive
+    /// rejection) down `path`: what it tested calibrates the next trees'
+    /// growth key.
+    fn observe_sampled_growth(&mut self, s: usize, path: &[usize]) {
+        if let Some(st) = self.seqs[s].outstanding.as_ref().and_then(|o| o.sampled_tree.as_ref()) {
+            calibration::observe_sampled_tree(&mut self.sampled_tree_acceptance, &st.tree, path);
+        }
+    }
+
     /// The sampled tree awaiting accept_tree() on `seq`, and its index.
     fn sampled_tree(&self, seq: i32, what: &str) -> Result<(usize, &SampledTreeDraft)> {
         let (s, o) = self.outstanding_draft(seq, what, "tree draft awaiting accept_tree()")?;
@@ -110,6 +121,10 @@ impl Engine {
         }
         let mut rng = self.verify_rng(s, seq)?;
         let step = verify_sampled_node(&st.tree, at, p, self.n_vocab, &mut rng)?;
+        if let Some(tuning) = self.seqs[s].outstanding.as_ref().and_then(|o| o.tuning) {
+            let node = VerifiedNode::of_tree(&st.tree, at);
+            self.observe_node(Some(tuning), &node, p);
+        }
         let q = &mut self.seqs[s];
         q.rng.as_mut().expect("checked above").verify = rng;
         let st = q.outstanding.as_mut().and_then(|o| o.sampled_tree.as_mut()).expect("checked above");
@@ -121,6 +136,8 @@ impl Engine {
             }
             TreeStep::Emit(x) => {
                 st.ended = true;
+                let path = st.path.clone();
+                self.observe_sampled_growth(s, &path);
                 (None, x)
             }
         })
@@ -183,9 +200,19 @@ impl Engine {
         let ps: Vec<Dist> = p_rows.chunks_exact(n_vocab).map(Dist::Dense).collect();
         let mut rng = self.verify_rng(s, seq)?;
         let verdict = verify_sampled_tree(&st.tree, &ps, n_vocab, &mut rng)?;
+        let tuning = self.seqs[s].outstanding.as_ref().and_then(|o| o.tuning);
+        // the nodes verification reached: the anchor, then the accepted path
+        let reached: Vec<(VerifiedNode, usize)> = std::iter::once(None)
+            .chain(verdict.path.iter().map(|&i| Some(i)))
+            .map(|at| (VerifiedNode::of_tree(&st.tree, at), at.map_or(0, |i| i + 1)))
+            .collect();
         let path: Vec<i32> = verdict.path.iter().map(|&i| i as i32).collect();
+        self.observe_sampled_growth(s, &verdict.path);
         self.accept_tree(seq, &path)?;
         self.seqs[s].rng.as_mut().expect("accept_tree keeps the generators").verify = rng;
+        for (node, row) in &reached {
+            self.observe_node(tuning, node, ps[*row]);
+        }
         out[..verdict.tokens.len()].copy_from_slice(&verdict.tokens);
         if let Some(p) = path_out {
             p[..path.len()].copy_from_slice(&path);

@@ -27,8 +27,10 @@ use crate::ngram;
 use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::TreeRoom;
 use crate::tree::{
-    Proposals, SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches, sample_tree,
+    Proposals, SampledKey, SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches,
+    raw_key, sample_tree_by,
 };
+use crate::truncation::DraftQ;
 
 /// One sequence's part of a tree draft call.
 #[derive(Clone, Copy, Debug)]
@@ -48,11 +50,13 @@ pub struct TreeRequest {
     /// many as the target context has sequence ids.
     pub max_leaves: i32,
     /// As a chain request's (`Request`): 0 grows the greedy tree; > 0 draws
-    /// a sampled tree with q at `draft_temperature` (<= 0: `temperature`),
+    /// a sampled tree with q at `draft_temperature` (<= 0: as a chain's),
     /// from the sequence's generators for `seed`.
     pub temperature: f32,
     pub draft_temperature: f32,
     pub seed: u32,
+    /// As a chain request's: q cut like the host sampler's p.
+    pub truncation: crate::truncation::Truncation,
 }
 
 /// Whether the chain fallback was logged: for a split KV cache, for memory
@@ -130,6 +134,7 @@ impl Engine {
                 temperature: r.temperature,
                 draft_temperature: r.draft_temperature,
                 seed: r.seed,
+                truncation: r.truncation,
             })
             .collect();
         // sequences, tokens, temperatures and outstanding drafts as the chain checks them
@@ -137,7 +142,8 @@ impl Engine {
         for r in reqs {
             self.seqs[r.seq as usize].history.set_anchor(r.id_last);
         }
-        let modes = chain.iter().map(sampled::mode).collect::<Result<Vec<Mode>>>()?;
+        let modes =
+            chain.iter().zip(&limits).map(|(r, l)| self.mode_of(r, Some(l.n_nodes))).collect::<Result<Vec<Mode>>>()?;
         let needed: usize = limits.iter().map(|l| l.n_nodes).sum();
         if room < needed {
             return Err(Error::buffer_too_small(format!(
@@ -174,6 +180,7 @@ impl Engine {
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();
         let calibration = EdgeCalibration::from_model(&self.tree_acceptance);
+        let sampled_calibration = EdgeCalibration::from_model(&self.sampled_tree_acceptance);
         for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
             let (i, mut lim) = (block.request, limits[block.request]);
             let seq = reqs[i].seq;
@@ -201,7 +208,7 @@ impl Engine {
                     }
                     trees[i] = tree;
                 }
-                Mode::Sampled { t_draft, seed } => {
+                Mode::Sampled { t_draft, seed, truncation, .. } => {
                     // The controller sizes a sampled tree before any draw, from
                     // the lattice's greedy tree: a cut that saw the drawn
                     // children would bias the verification.
@@ -211,7 +218,18 @@ impl Engine {
                     let branch_p = |m: usize, d: usize| ng.p(m, d);
                     let proposals = Proposals { branches: &branches, max_depth: branch_depths[i], p: &branch_p };
                     let rng = &mut sampled::seeded(&mut self.seqs[seq as usize].rng, seed, seq).draft;
-                    let st = sample_tree(&lattice, lim, n_vocab, t_draft, self.first_child, proposals, rng)?;
+                    let calibrated = |d: usize, k: usize, q: f64| sampled_calibration.p_sampled(d, k, q);
+                    let key: SampledKey = if self.calibrate_sampled_trees { &calibrated } else { &raw_key };
+                    let st = sample_tree_by(
+                        &lattice,
+                        lim,
+                        n_vocab,
+                        DraftQ { t: t_draft, truncation },
+                        self.first_child,
+                        proposals,
+                        key,
+                        rng,
+                    )?;
                     trees[i] = st.tree().clone();
                     sampled_trees[i] = Some(st);
                 }
@@ -249,7 +267,9 @@ impl Engine {
                 sampled: None,
                 tree: Some(tree.clone()),
                 sampled_tree,
+                tuning: modes[i].tuning(),
             });
+            self.record_tuning(&chain[i], modes[i]);
         }
         if let Some(policy) = self.policy.as_mut() {
             policy.draft_done(Instant::now());

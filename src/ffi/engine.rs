@@ -12,6 +12,7 @@ use crate::engine::{Engine, Request, Row};
 use crate::error::Error;
 use crate::params::llama_spec_dflash2_params;
 use crate::sys::{llama_batch, llama_context, llama_token};
+use crate::truncation::Truncation;
 
 /// A DFlash2 engine bound to one target context (opaque).
 ///
@@ -68,9 +69,10 @@ pub struct llama_spec_dflash2_draft_request {
     /// draft would bias the output).
     pub temperature: f32,
     /// Temperature of the draft walk when temperature > 0: < 0 or 0 (unset) =
-    /// temperature; > 0 = this value (a lower one can raise acceptance when the
-    /// host's chain truncates p with top-k/top-p/min-p). Whatever it is, the
-    /// verified output is the target's. NaN and infinities are refused.
+    /// the engine's choice for this temperature and draft shape
+    /// (params.adapt_sampled_drafts; with it off, temperature); > 0 = this
+    /// value. Whatever it is, the verified output is the target's. NaN and
+    /// infinities are refused.
     pub draft_temperature: f32,
     /// Seed of the sequence's two generators (the draft walk's and the
     /// verifier's, independent streams of (seed, seq_id)), used as given
@@ -81,6 +83,22 @@ pub struct llama_spec_dflash2_draft_request {
     /// differs from theirs; otherwise they carry on across steps. So the same
     /// seed and the same calls give the same drafts and the same verified output.
     pub seed: u32,
+    /// The host sampler's top-k, top-p and min-p for this sequence (API
+    /// version 8), applied to q as well when temperature > 0: the candidates
+    /// the host's chain would drop (by the lattice's temperature-1 softmax,
+    /// top-k, then top-p, then min-p, as llama.cpp orders them) get q = 0
+    /// before the draft temperature applies, so draws are not spent on
+    /// tokens p cannot accept. Lossless whatever they are. Off at 0 (a
+    /// zero-initialized request cuts nothing): top_k <= 0, top_p <= 0 or >= 1,
+    /// min_p <= 0. NaN and infinities, and min_p > 1, are refused.
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+}
+
+/// A request's top-k / top-p / min-p, or why they are refused.
+pub(super) fn request_truncation(seq: i32, top_k: i32, top_p: f32, min_p: f32) -> Result<Truncation, Error> {
+    Truncation::new(top_k, top_p, min_p).map_err(|e| Error::invalid(format!("sequence {seq}: {}", e.message)))
 }
 
 /// Creates a DFlash2 engine for the host's target context: checks the drafter
@@ -266,15 +284,18 @@ pub unsafe extern "C" fn llama_spec_dflash2_draft(
         let n_drafted = slice_mut(n_drafted, n_requests, "n_drafted")?;
         let reqs: Vec<Request> = reqs
             .iter()
-            .map(|r| Request {
-                seq: r.seq_id,
-                id_last: r.id_last,
-                n_max: r.n_max,
-                temperature: r.temperature,
-                draft_temperature: r.draft_temperature,
-                seed: r.seed,
+            .map(|r| {
+                Ok(Request {
+                    seq: r.seq_id,
+                    id_last: r.id_last,
+                    n_max: r.n_max,
+                    temperature: r.temperature,
+                    draft_temperature: r.draft_temperature,
+                    seed: r.seed,
+                    truncation: request_truncation(r.seq_id, r.top_k, r.top_p, r.min_p)?,
+                })
             })
-            .collect();
+            .collect::<Result<_, Error>>()?;
         e.draft(&reqs, tokens, n_drafted)
     })
 }

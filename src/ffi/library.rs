@@ -35,7 +35,15 @@ use crate::params::llama_spec_dflash2_params;
 /// draw), not only greedy ones; state blobs carry the sequence's text (blob
 /// version 3: a restored sequence keeps its n-gram branches; older blobs are
 /// refused).
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 7;
+/// 8: params.adapt_sampled_drafts (appended; default on): a sampled request
+/// that leaves draft_temperature unset gets the engine's choice per request
+/// temperature and draft shape (was: the request's temperature), and sampled
+/// trees grow by calibrated acceptance (0 keeps both as before, but sampled
+/// trees now weigh a sibling by the chance its elder siblings are rejected);
+/// stats gained n_tuned_drafts and mean_draft_temperature_ratio (appended);
+/// llama_spec_dflash2_draft_request and _tree_request gained top_k, top_p and
+/// min_p (appended; zero cuts nothing): q cut like the host sampler's p.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 8;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

@@ -53,6 +53,11 @@ pub struct llama_spec_dflash2_stats {
     pub n_ngram_nodes: u64,
     pub n_ngram_reached: u64,
     pub n_ngram_accepted: u64,
+    /// Sampled drafts whose draft temperature the engine chose
+    /// (params.adapt_sampled_drafts), and their mean draft temperature as
+    /// a multiple of the request's (0 when none; API version 8).
+    pub n_tuned_drafts: u64,
+    pub mean_draft_temperature_ratio: f64,
 }
 
 impl From<&Stats> for llama_spec_dflash2_stats {
@@ -78,6 +83,12 @@ impl From<&Stats> for llama_spec_dflash2_stats {
             n_ngram_nodes: s.n_ngram_nodes,
             n_ngram_reached: s.n_ngram_reached,
             n_ngram_accepted: s.n_ngram_accepted,
+            n_tuned_drafts: s.n_tuned_drafts,
+            mean_draft_temperature_ratio: if s.n_tuned_drafts == 0 {
+                0.0
+            } else {
+                s.tuned_ratio_milli as f64 / 1000.0 / s.n_tuned_drafts as f64
+            },
         }
     }
 }

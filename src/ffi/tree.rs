@@ -4,7 +4,7 @@
 //! distribution (recursive rejection sampling over each node's children).
 
 use super::boundary::{count, engine_status, output, slice, slice_mut};
-use super::engine::llama_spec_dflash2;
+use super::engine::{llama_spec_dflash2, request_truncation};
 use super::sampling::{dense_rows, sparse_dist};
 use crate::engine::TreeRequest;
 use crate::error::Error;
@@ -46,12 +46,17 @@ pub struct llama_spec_dflash2_tree_request {
     /// with llama_spec_dflash2_verify_tree_sampled[_step].
     pub temperature: f32,
     /// Temperature of the tree's draws when temperature > 0: < 0 or 0 (unset) =
-    /// temperature; > 0 = this value. NaN and infinities are refused.
+    /// the engine's choice (params.adapt_sampled_drafts; with it off,
+    /// temperature); > 0 = this value. NaN and infinities are refused.
     pub draft_temperature: f32,
     /// Seed of the sequence's generators, shared with its sampled chain drafts
     /// (see llama_spec_dflash2_draft_request.seed: seeded once, then carried on
     /// across steps; the same seed and calls give the same trees and output).
     pub seed: u32,
+    /// As llama_spec_dflash2_draft_request's: q cut like the host sampler's p.
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
 }
 
 /// One node of a draft tree. The tree hangs from the anchor (id_last), which
@@ -76,7 +81,9 @@ pub struct llama_spec_dflash2_tree_node {
     /// acceptance given its parent's.
     pub prob: f32,
     /// Product of the edge probabilities from the anchor down to this node; the
-    /// sum over nodes is the lattice's expectation of accepted tokens.
+    /// sum over nodes is the lattice's expectation of accepted tokens. In a
+    /// sampled tree: the growth's estimate that the target accepts this node
+    /// (see llama_spec_dflash2_draft_tree), known before the node was drawn.
     pub path_prob: f32,
 }
 
@@ -117,9 +124,16 @@ pub struct llama_spec_dflash2_tree_node {
 /// verification at that temperature: the same best-first growth, but each
 /// child is drawn when its slot comes up, from q = softmax(S[parent's
 /// candidate] / draft_temperature) over the usable candidates (duplicate ids
-/// merged), without its earlier siblings; slots are ordered by their parent's
-/// path probability times the expected q of the next draw, so which children
-/// a node gets is decided before they are drawn (what the verification needs).
+/// merged), without its earlier siblings; slots are ordered by the estimated
+/// probability that the child is accepted: its parent's, times that of its
+/// earlier siblings all rejected (a sibling is tested only then), times its
+/// own once tested, read from the expected q of the next draw, its depth and
+/// its sibling index, calibrated per depth and sibling index on the children
+/// this engine's sampled verification tested before (the expected q itself
+/// until there are such measurements). So which children a node gets is
+/// decided before they are drawn (what the verification needs). When the
+/// request leaves draft_temperature unset, the engine chooses it
+/// (params.adapt_sampled_drafts).
 /// q is kept per parent for llama_spec_dflash2_verify_tree_sampled[_step].
 /// Some children are taken without a draw, verified as point masses (accepted
 /// with the target's probability of them, the siblings after them drawn from
@@ -211,18 +225,21 @@ pub unsafe extern "C" fn llama_spec_dflash2_draft_tree(
         let n_out = slice_mut(n_nodes, n_requests, "n_nodes")?;
         let reqs: Vec<TreeRequest> = reqs
             .iter()
-            .map(|r| TreeRequest {
-                seq: r.seq_id,
-                id_last: r.id_last,
-                n_nodes: r.n_nodes,
-                max_depth: r.max_depth,
-                max_children: r.max_children,
-                max_leaves: r.max_leaves,
-                temperature: r.temperature,
-                draft_temperature: r.draft_temperature,
-                seed: r.seed,
+            .map(|r| {
+                Ok(TreeRequest {
+                    seq: r.seq_id,
+                    id_last: r.id_last,
+                    n_nodes: r.n_nodes,
+                    max_depth: r.max_depth,
+                    max_children: r.max_children,
+                    max_leaves: r.max_leaves,
+                    temperature: r.temperature,
+                    draft_temperature: r.draft_temperature,
+                    seed: r.seed,
+                    truncation: request_truncation(r.seq_id, r.top_k, r.top_p, r.min_p)?,
+                })
             })
-            .collect();
+            .collect::<Result<_, Error>>()?;
         let trees = e.draft_tree(&reqs, out.len())?;
         let mut at = 0;
         for (tree, n) in trees.iter().zip(n_out.iter_mut()) {

@@ -48,7 +48,8 @@
 //! - [`grow_tree_by`]: the same growth ordered by another edge weight, a
 //!   calibrated estimate of acceptance (`crate::calibration`).
 //! - [`sample_tree`]: children drawn from q = softmax(S[a][·] / T_draft)
-//!   one after another without replacement, for [`verify_sampled_tree`].
+//!   one after another without replacement, for [`verify_sampled_tree`];
+//!   [`sample_tree_by`] prices them by a calibrated key (`crate::calibration`).
 
 mod accept;
 mod encode;
@@ -63,7 +64,7 @@ pub use accept::{TreeVerdict, accept_greedy, accept_matching};
 pub use encode::{KvOp, VerifyRow};
 pub use grow::{grow_tree, grow_tree_by};
 pub use merge::merge_branches;
-pub use sample::{FirstChild, Proposals, SampledTree, sample_tree};
+pub use sample::{FirstChild, Proposals, SampledKey, SampledTree, raw_key, sample_tree, sample_tree_by};
 pub use verify_sampled::{Outcome, TreeStep, verify_children, verify_sampled_node, verify_sampled_tree};
 
 use crate::error::{Error, Result};
@@ -120,7 +121,8 @@ pub struct Node {
     /// 1 for [`grow_tree`]; for [`sample_tree`] q(token | parent), before any
     /// sibling was drawn).
     pub prob: f32,
-    /// Product of the edge probabilities from the anchor.
+    /// Product of the edge probabilities from the anchor; for [`sample_tree`]
+    /// the growth's estimate that the node is accepted (its priority).
     pub path_prob: f32,
     /// The lattice candidate (index into position `depth`'s K) the node's
     /// children are scored from; [`NOT_IN_LATTICE`] for a node only an n-gram

@@ -9,7 +9,8 @@ use super::{grow_tree, verify_sampled_tree};
 use crate::error::{Error, Result};
 use crate::ngram::Branch;
 use crate::sampling::{Dist, Rng, draw};
-use crate::selector::{Lattice, usable};
+use crate::selector::{Lattice, truncate, usable};
+use crate::truncation::DraftQ;
 
 /// How a parent's first child is chosen in a sampled tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,6 +56,10 @@ pub struct SampledTree {
     /// Per node: taken without a draw (its draft distribution a point mass
     /// on its token) rather than drawn from its parent's q.
     pub(super) fixed: Vec<bool>,
+    /// Per node: what its growth key was read at, (sibling index, the
+    /// expected q of its draw or a greedy first child's q); None for an
+    /// n-gram branch's token (priced by its own model).
+    pub(super) keys: Vec<Option<(usize, f32)>>,
 }
 
 impl SampledTree {
@@ -68,6 +73,19 @@ impl SampledTree {
     pub fn q(&self, parent: Option<usize>) -> Option<Dist<'_>> {
         let (ids, probs) = self.q.get(slot(parent))?;
         (!ids.is_empty()).then_some(Dist::Sparse { ids, probs })
+    }
+
+    /// `parent`'s q (ids, probabilities; None where none was computed) and
+    /// how many of its children were drawn from it.
+    pub fn drawn_from(&self, parent: Option<usize>) -> (Option<Dist<'_>>, usize) {
+        let kids: Vec<usize> = self.tree.children(parent).collect();
+        (self.q(parent), self.fixed_of(&kids).iter().filter(|&&f| !f).count())
+    }
+
+    /// Per node: the sibling index and the q its growth key was read at
+    /// (None: an n-gram branch's token), for calibrating the key.
+    pub fn growth_keys(&self) -> &[Option<(usize, f32)>] {
+        &self.keys
     }
 
     /// Whether each of `children` (node indices) was taken without a draw.
@@ -114,7 +132,8 @@ pub(super) struct RowQ {
     weight: Vec<f64>,
 }
 
-pub(super) fn row_q(lattice: &Lattice, p: usize, pred: usize, n_vocab: usize, t: f32) -> Option<RowQ> {
+pub(super) fn row_q(lattice: &Lattice, p: usize, pred: usize, n_vocab: usize, q: DraftQ) -> Option<RowQ> {
+    let t = q.t;
     let scores = lattice.scores(p, pred);
     let k = scores.len();
     let cand: Vec<Option<i32>> = (0..k).map(|j| usable(lattice, p, scores, j, n_vocab)).collect();
@@ -122,13 +141,14 @@ pub(super) fn row_q(lattice: &Lattice, p: usize, pred: usize, n_vocab: usize, t:
     let max = scores[best] as f64;
     let exp_sum: f64 = (0..k).filter(|&j| cand[j].is_some()).map(|j| (scores[j] as f64 - max).exp()).sum();
     let conf = (1.0 / exp_sum) as f32;
-    let weight: Vec<f64> = (0..k)
+    let mut weight: Vec<f64> = (0..k)
         .map(|j| match cand[j] {
             Some(_) if t == 0.0 => (j == best) as u8 as f64,
             Some(_) => ((scores[j] as f64 - max) / t as f64).exp(),
             None => 0.0,
         })
         .collect();
+    truncate(&q, scores, &cand, max, &mut weight);
     let total: f64 = weight.iter().sum();
     let mut ids: Vec<i32> = Vec::with_capacity(k);
     let mut mass: Vec<f64> = Vec::with_capacity(k);
@@ -166,10 +186,12 @@ struct Parent {
     /// the lattice does not have.
     row: Option<RowQ>,
     drawn: Vec<bool>,
-    /// Children on offer without a draw, best estimate first, and whether
-    /// the parent has any child yet.
+    /// Children on offer without a draw, best estimate first.
     offers: Vec<Offer>,
-    has_child: bool,
+    /// Children so far, and the estimated probability that all of them are
+    /// rejected once the parent is reached (the next one is tested only then).
+    n_children: usize,
+    rejected: f64,
 }
 
 impl Parent {
@@ -183,29 +205,61 @@ impl Parent {
     }
 
     /// The next child: taken without a draw (an offer, or q's most probable
-    /// token as a greedy first child) when its estimate is at least the next
-    /// draw's, else drawn; with its priority, the parent's path probability
-    /// times that estimate. Expectations only, never the drawn token: which
-    /// children exist must not depend on what they turn out to be.
-    fn next(&self, first: FirstChild) -> Option<(Next, f64)> {
-        let draw = self.draw_estimate();
-        if first == FirstChild::Greedy && !self.has_child {
+    /// token as a greedy first child) when its estimated acceptance is at
+    /// least the next draw's, else drawn. With it: its estimated acceptance
+    /// once tested (`key` of its depth, sibling index and the expected q of
+    /// the draw, or the greedy token's q; an offer's own estimate), the q the
+    /// key was read at (None for an offer), and its priority, the estimated
+    /// probability that it is accepted: the parent's, times that of every
+    /// earlier sibling rejected, times its own. Expectations only, never the
+    /// drawn token: which children exist must not depend on what they turn
+    /// out to be.
+    fn next(&self, first: FirstChild, key: SampledKey) -> Option<Child> {
+        let (depth, k) = (self.depth + 1, self.n_children);
+        let child = |how: Next, h: f64, at: Option<f64>| Child {
+            how,
+            h,
+            key_at: at.map(|x| (k, x as f32)),
+            priority: self.path * self.rejected * h,
+        };
+        let draw = self.draw_estimate().map(|d| (key(depth, k, d), d));
+        if first == FirstChild::Greedy && k == 0 {
             if let Some(row) = self.row.as_ref().filter(|r| !r.probs.is_empty()) {
                 let m = most_probable(&row.probs);
-                let offer = self.offers.first().filter(|o| o.est > row.probs[m] as f64);
-                return Some(match offer {
-                    Some(o) => (Next::Offer, self.path * o.est),
-                    None => (Next::Greedy(m), self.path * row.probs[m] as f64),
+                let q = row.probs[m] as f64;
+                let h = key(depth, k, q);
+                return Some(match self.offers.first().filter(|o| o.est > h) {
+                    Some(o) => child(Next::Offer, o.est, None),
+                    None => child(Next::Greedy(m), h, Some(q)),
                 });
             }
         }
         match (self.offers.first(), draw) {
-            (Some(o), Some(d)) if o.est < d => Some((Next::Draw, self.path * d)),
-            (Some(o), _) if o.est > 0.0 => Some((Next::Offer, self.path * o.est)),
-            (_, Some(d)) => Some((Next::Draw, self.path * d)),
+            (Some(o), Some((h, d))) if o.est < h => Some(child(Next::Draw, h, Some(d))),
+            (Some(o), _) if o.est > 0.0 => Some(child(Next::Offer, o.est, None)),
+            (_, Some((h, d))) => Some(child(Next::Draw, h, Some(d))),
             _ => None,
         }
     }
+}
+
+/// A parent's next child as [`Parent::next`] prices it.
+struct Child {
+    how: Next,
+    h: f64,
+    key_at: Option<(usize, f32)>,
+    priority: f64,
+}
+
+/// The growth key of sampled trees: P(a child is accepted | it is tested)
+/// estimated from its depth (1-based), its sibling index (0 the first) and
+/// the expected q of its draw (a greedy first child's q); see
+/// `crate::calibration::SampledCalibration`. [`raw_key`]: that q itself.
+pub type SampledKey<'a> = &'a dyn Fn(usize, usize, f64) -> f64;
+
+/// The uncalibrated growth key: the expected q of the draw.
+pub fn raw_key(_depth: usize, _sibling: usize, q: f64) -> f64 {
+    q
 }
 
 /// How a parent's next child is chosen.
@@ -223,9 +277,12 @@ enum Next {
 /// but each child is drawn when its slot is popped, from q(· | parent) =
 /// softmax(S[a][·] / t_draft) over usable candidates (duplicates merged, as in
 /// `sampled_walk`) without the parent's earlier children. The slot's priority
-/// is the parent's path probability times the expected q of the next draw, so
-/// which children exist depends only on what was drawn before (see the module
-/// doc of `verify_sampled` for why that keeps verification lossless). The walk
+/// is the estimated probability that the child is accepted: the parent's,
+/// times that of the earlier siblings all rejected (a sibling is tested only
+/// then), times the child's own once tested, from the expected q of the next
+/// draw (raw here, calibrated through [`sample_tree_by`]). So which children
+/// exist depends only on what was drawn before (see the module doc of
+/// `verify_sampled` for why that keeps verification lossless). The walk
 /// continues from the drawn candidate, among duplicates in proportion to their
 /// weights.
 ///
@@ -247,19 +304,39 @@ pub fn sample_tree(
     proposals: Proposals,
     rng: &mut Rng,
 ) -> Result<SampledTree> {
+    sample_tree_by(lattice, limits, n_vocab, DraftQ::at(t_draft), first, proposals, &raw_key, rng)
+}
+
+/// [`sample_tree`] with q as `q` says (its temperature and the host
+/// sampler's truncation, `crate::truncation`) and priorities from `key` (a
+/// calibrated growth key, [`SampledKey`]) instead of the raw expected q.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_tree_by(
+    lattice: &Lattice,
+    limits: TreeLimits,
+    n_vocab: usize,
+    q: DraftQ,
+    first: FirstChild,
+    proposals: Proposals,
+    key: SampledKey,
+    rng: &mut Rng,
+) -> Result<SampledTree> {
+    let t_draft = q.t;
     if !(t_draft.is_finite() && t_draft >= 0.0) {
         return Err(Error::invalid(format!("draft temperature {t_draft} (must be finite and >= 0)")));
     }
-    Ok(sample_tree_with(lattice, limits, n_vocab, t_draft, first, proposals, rng))
+    Ok(sample_tree_with(lattice, limits, n_vocab, q, first, proposals, key, rng))
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn sample_tree_with<C: Chance>(
     lattice: &Lattice,
     limits: TreeLimits,
     n_vocab: usize,
-    t: f32,
+    q: DraftQ,
     first: FirstChild,
     proposals: Proposals,
+    key: SampledKey,
     chance: &mut C,
 ) -> SampledTree {
     let max_depth = limits.max_depth.min(lattice.n_rows().saturating_sub(1));
@@ -292,19 +369,20 @@ pub(super) fn sample_tree_with<C: Chance>(
     let open = |depth: usize, pred: Option<usize>, path: f64, through: &[usize]| {
         let row = pred
             .filter(|_| depth < max_depth)
-            .and_then(|pred| row_q(lattice, depth + 1, pred, n_vocab, t))
+            .and_then(|pred| row_q(lattice, depth + 1, pred, n_vocab, q))
             .filter(|r| !(limits.p_min > 0.0 && r.conf < limits.p_min));
         let drawn = vec![false; row.as_ref().map_or(0, |r| r.ids.len())];
-        Parent { depth, path, row, drawn, offers: offers(depth, through), has_child: false }
+        Parent { depth, path, row, drawn, offers: offers(depth, through), n_children: 0, rejected: 1.0 }
     };
     let all: Vec<usize> = (0..proposals.branches.len()).collect();
     let mut parents = vec![open(0, Some(0), 1.0, &all)];
     let mut nodes: Vec<Node> = Vec::new();
     let mut fixed: Vec<bool> = Vec::new();
+    let mut keys: Vec<Option<(usize, f32)>> = Vec::new();
     let mut shape = Shape::new();
     let mut frontier = Frontier::new();
-    if let Some((_, key)) = parents[0].next(first) {
-        frontier.push(key, 0usize);
+    if let Some(c) = parents[0].next(first, key) {
+        frontier.push(c.priority, 0usize);
     }
     while nodes.len() < limits.n_nodes {
         let Some((_, s)) = frontier.pop() else { break };
@@ -312,7 +390,7 @@ pub(super) fn sample_tree_with<C: Chance>(
             continue; // decided before the draw
         }
         let parent = &mut parents[s];
-        let (how, _) = parent.next(first).expect("only parents with a next child are pushed");
+        let Child { how, h, key_at, .. } = parent.next(first, key).expect("only parents with a next child are pushed");
         let depth = parent.depth + 1;
         // the child's token, q at it (0 outside q), its estimate, the
         // candidate its row continues from, and the proposals through it
@@ -333,7 +411,7 @@ pub(super) fn sample_tree_with<C: Chance>(
                 let row = parent.row.as_ref().expect("only parents with a row draw");
                 let m = match how {
                     Next::Greedy(m) => m,
-                    _ if t == 0.0 => 0, // one-hot q
+                    _ if q.t == 0.0 => 0, // one-hot q
                     _ => {
                         let w: Vec<f64> = row
                             .probs
@@ -352,11 +430,12 @@ pub(super) fn sample_tree_with<C: Chance>(
         let is_fixed = !matches!(how, Next::Draw);
         // a drawn child never repeats an offer: drop offers of its token
         parent.offers.retain(|o| o.token != token);
-        parent.has_child = true;
-        let path = parent.path * est;
+        let path = parent.path * parent.rejected * h;
+        parent.n_children += 1;
+        parent.rejected *= 1.0 - h;
         shape.add(s);
-        if let Some((_, key)) = parent.next(first) {
-            frontier.push(key, s);
+        if let Some(c) = parent.next(first, key) {
+            frontier.push(c.priority, s);
         }
         let pred = (candidate != NOT_IN_LATTICE).then_some(candidate);
         nodes.push(Node {
@@ -369,13 +448,14 @@ pub(super) fn sample_tree_with<C: Chance>(
             ngram: match_len,
         });
         fixed.push(is_fixed);
+        keys.push(key_at);
         parents.push(open(depth, pred, path, &through));
-        if let Some((_, key)) = parents[nodes.len()].next(first) {
-            frontier.push(key, nodes.len());
+        if let Some(c) = parents[nodes.len()].next(first, key) {
+            frontier.push(c.priority, nodes.len());
         }
     }
     let q = parents.into_iter().map(|p| p.row.map(|r| (r.ids, r.probs)).unwrap_or_default()).collect();
-    SampledTree { tree: Tree { nodes }, q, fixed }
+    SampledTree { tree: Tree { nodes }, q, fixed, keys }
 }
 
 /// The candidate a drawn token's row continues from: among duplicates, in
@@ -397,8 +477,9 @@ fn best_candidate(row: &RowQ, token: i32) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selector::{WalkLimits, sampled_walk};
-    use crate::tree::test_support::{check_invariants, random_block};
+    use crate::selector::{WalkLimits, sampled_walk_q};
+    use crate::tree::test_support::{block, check_invariants, clean_block, random_block, same};
+    use crate::truncation::Truncation;
 
     // ---- sampled trees with the real generator -----------------------------
 
@@ -411,10 +492,26 @@ mod tests {
             let t = [0.0f32, 0.5, 1.0, 2.0][(round % 4) as usize];
             let p_min = if round % 3 == 0 { 0.4 } else { 0.0 };
             let (mut a, mut b) = (Rng::new(round), Rng::new(round));
-            let walk = sampled_walk(&lat, WalkLimits { n_max: 6, n_min: 0, p_min }, 20, t, &mut a).unwrap();
-            let tree =
-                sample_tree(&lat, TreeLimits::chain(6, p_min), 20, t, FirstChild::Drawn, Proposals::none(), &mut b)
-                    .unwrap();
+            // and q cut like a host sampler's p, the same way in both
+            let truncation = [
+                Truncation::NONE,
+                Truncation::new(2, 0.0, 0.0).unwrap(),
+                Truncation::new(0, 0.7, 0.0).unwrap(),
+                Truncation::new(0, 0.0, 0.3).unwrap(),
+            ][(round / 4 % 4) as usize];
+            let q = DraftQ { t, truncation };
+            let walk = sampled_walk_q(&lat, WalkLimits { n_max: 6, n_min: 0, p_min }, 20, q, &mut a).unwrap();
+            let tree = sample_tree_by(
+                &lat,
+                TreeLimits::chain(6, p_min),
+                20,
+                q,
+                FirstChild::Drawn,
+                Proposals::none(),
+                &raw_key,
+                &mut b,
+            )
+            .unwrap();
             check_invariants(tree.tree());
             assert_eq!(tree.tree().len(), walk.len());
             for (i, (n, w)) in tree.tree().nodes().iter().zip(&walk).enumerate() {
@@ -423,6 +520,69 @@ mod tests {
                 assert_eq!((ids, probs), (&w.q_ids[..], &w.q_probs[..]));
             }
             assert_eq!(a, b, "same random numbers consumed");
+        }
+    }
+
+    /// The growth key prices the children: a key that says first children
+    /// are accepted and siblings never grows a spine; the reverse, siblings.
+    #[test]
+    fn a_calibrated_key_decides_the_shape() {
+        let (rows, n_embd) = block(4, &vec![vec![1.0, 2.0, 3.0, 4.0]; 6], &vec![same(4, &[1.0, 0.8, 0.6, 0.4]); 6]);
+        let lat = Lattice::new(&rows, n_embd, 4).unwrap();
+        let depths = |key: SampledKey| {
+            let s = sample_tree_by(
+                &lat,
+                TreeLimits::tree(4, 6),
+                10,
+                DraftQ::at(1.0),
+                FirstChild::Drawn,
+                Proposals::none(),
+                key,
+                &mut Rng::new(1),
+            )
+            .unwrap();
+            s.tree().nodes().iter().map(|n| n.depth).max().unwrap()
+        };
+        assert_eq!(depths(&|_, k, _| if k == 0 { 0.9 } else { 0.01 }), 4);
+        assert_eq!(depths(&|d, _, _| if d == 1 { 0.5 } else { 0.01 }), 1);
+    }
+
+    /// Verification tests a node's children in order until one is accepted:
+    /// those are the trials the key learns from, at their depth and sibling
+    /// index.
+    #[test]
+    fn the_children_verification_tested_are_the_key_s_trials() {
+        use crate::adaptive::AcceptanceModel;
+        use crate::calibration::{EdgeCalibration, observe_sampled_tree, sampled_model};
+        let mut rng = Rng::new(9);
+        for _ in 0..300 {
+            let (rows, n_embd, k) = clean_block(&mut rng, 40);
+            let lat = Lattice::new(&rows, n_embd, k).unwrap();
+            let s = sample_tree(&lat, TreeLimits::tree(8, 4), 40, 1.0, FirstChild::Drawn, Proposals::none(), &mut rng)
+                .unwrap();
+            // a path: the last child of the anchor, then the first child of each node
+            let mut path: Vec<usize> = s.tree().children(None).last().into_iter().collect();
+            while let Some(c) = path.last().and_then(|&i| s.tree().children(Some(i)).next()) {
+                path.push(c);
+            }
+            let mut m: AcceptanceModel = sampled_model();
+            observe_sampled_tree(&mut m, &s, &path);
+            let total = |m: &AcceptanceModel| {
+                (0..m.n_positions()).flat_map(|p| m.counts(p).to_vec()).fold((0.0, 0.0), |a, c| (a.0 + c.0, a.1 + c.1))
+            };
+            // every anchor child is tested (the accepted one is the last); one child
+            // per later path node; the last node's children are all tested and rejected
+            let n_last = path.last().map_or(0, |&i| s.tree().children(Some(i)).count());
+            let n_anchor = s.tree().children(None).count();
+            let expect = n_anchor + path.len().saturating_sub(1) + n_last;
+            assert_eq!(total(&m), (expect as f64, path.len() as f64));
+            // the first path node was the anchor's last child: tested at its sibling index
+            if let Some(&first) = path.first() {
+                let (sibling, q) = s.growth_keys()[first].unwrap();
+                assert_eq!(sibling, n_anchor - 1);
+                let cal = EdgeCalibration::from_model(&m);
+                assert!(cal.p_sampled(1, sibling, q as f64) > 0.0);
+            }
         }
     }
 
@@ -447,8 +607,12 @@ mod tests {
                 let Some(Dist::Sparse { ids, probs }) = s.q(n.parent()) else { panic!() };
                 let j = ids.iter().position(|&t| t == n.token).unwrap();
                 assert_eq!(probs[j], n.prob);
+                // the estimated probability of acceptance: at most the parent's
                 let parent = n.parent().map_or(1.0, |p| s.tree().nodes()[p].path_prob);
-                assert!((n.path_prob - parent * n.prob).abs() <= 1e-6 * parent, "{i}");
+                assert!(n.path_prob >= 0.0 && n.path_prob <= parent * (1.0 + 1e-6), "{i}");
+                // the growth key was read at the node's sibling index
+                let sibling = s.tree().children(n.parent()).position(|c| c == i).unwrap();
+                assert_eq!(s.growth_keys()[i].map(|k| k.0), Some(sibling), "{i}");
             }
             let before = rng.clone();
             let g = sample_tree(&lat, limits, 6, 0.0, FirstChild::Drawn, Proposals::none(), &mut rng).unwrap();

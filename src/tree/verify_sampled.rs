@@ -277,9 +277,10 @@ mod tests {
     use crate::ngram::Branch;
     use crate::sampling::{self, STREAM_DRAFT, STREAM_VERIFY};
     use crate::selector::Lattice;
-    use crate::tree::sample::{FirstChild, Proposals, row_q, sample_tree_with};
+    use crate::tree::sample::{FirstChild, Proposals, raw_key, row_q, sample_tree_with};
     use crate::tree::test_support::{block, random_block, same};
     use crate::tree::{TreeLimits, accept_matching, grow_tree, sample_tree, slot};
+    use crate::truncation::{DraftQ, Truncation};
 
     // ---- exact enumeration -------------------------------------------------
 
@@ -381,7 +382,7 @@ mod tests {
     /// One speculative step: sample a tree, verify it, complete the emitted
     /// tokens to LEN by target sampling. Returns (outcome index, accepted).
     fn step<C: Chance>(lat: &Lattice, draft: Draft, c: &mut C, rule: Rule) -> (usize, usize) {
-        let tree = sample_tree_with(lat, draft.limits, V, draft.t, draft.first, draft.proposals(), c);
+        let tree = sample_tree_with(lat, draft.limits, V, draft.q(), draft.first, draft.proposals(), &raw_key, c);
         verify_step(&tree, c, rule)
     }
 
@@ -424,12 +425,17 @@ mod tests {
     struct Draft {
         limits: TreeLimits,
         t: f32,
+        truncation: Truncation,
         first: FirstChild,
         branches: &'static [(&'static [i32], usize)],
         est: f64,
     }
 
     impl Draft {
+        fn q(&self) -> DraftQ {
+            DraftQ { t: self.t, truncation: self.truncation }
+        }
+
         fn proposals(&self) -> Proposals<'static> {
             // leaked: a test's handful of small branch lists
             let branches: &'static [Branch] = Box::leak(
@@ -449,7 +455,7 @@ mod tests {
     }
 
     fn drawn(limits: TreeLimits, t: f32) -> Draft {
-        Draft { limits, t, first: FirstChild::Drawn, branches: &[], est: 0.0 }
+        Draft { limits, t, truncation: Truncation::NONE, first: FirstChild::Drawn, branches: &[], est: 0.0 }
     }
 
     /// Branch sets over V = 4: one whose tokens q has, one whose tokens it
@@ -471,13 +477,27 @@ mod tests {
                 for (max_children, max_leaves) in [(0, 0), (1, 0), (2, 0), (0, 2)] {
                     for t in [0.6, 1.0, 1.7] {
                         let limits = TreeLimits { n_nodes, max_depth: 2, max_children, max_leaves, p_min: 0.0 };
-                        out.push(Draft { limits, t, first, branches, est });
+                        out.push(Draft { limits, t, truncation: Truncation::NONE, first, branches, est });
                     }
                 }
             }
             let limits = TreeLimits { p_min: 0.5, ..TreeLimits::tree(5, 2) };
-            out.push(Draft { limits, t: 1.0, first, branches, est });
-            out.push(Draft { limits: TreeLimits::tree(5, 2), t: 0.0, first, branches, est });
+            out.push(Draft { limits, t: 1.0, truncation: Truncation::NONE, first, branches, est });
+            out.push(Draft {
+                limits: TreeLimits::tree(5, 2),
+                t: 0.0,
+                truncation: Truncation::NONE,
+                first,
+                branches,
+                est,
+            });
+            // q cut like a host sampler's p: top-k 2 of 3 candidates, min-p 0.5
+            for truncation in [Truncation::new(2, 0.0, 0.0).unwrap(), Truncation::new(0, 0.0, 0.5).unwrap()] {
+                for n_nodes in [2, 5] {
+                    let limits = TreeLimits::tree(n_nodes, 2);
+                    out.push(Draft { limits, t: 1.0, truncation, first, branches, est });
+                }
+            }
         }
         out
     }
@@ -541,13 +561,13 @@ mod tests {
             .map(|parent| {
                 let (depth, pred) =
                     parent.map_or((0, 0), |i: usize| (tree.nodes()[i].depth, tree.nodes()[i].candidate));
-                match (depth < 2).then(|| row_q(&lat, depth + 1, pred, V, 1.0)).flatten() {
+                match (depth < 2).then(|| row_q(&lat, depth + 1, pred, V, DraftQ::at(1.0))).flatten() {
                     Some(r) => (r.ids, r.probs),
                     None => Default::default(),
                 }
             })
             .collect();
-        let det = SampledTree { tree: tree.clone(), q, fixed: Vec::new() };
+        let det = SampledTree { tree: tree.clone(), q, fixed: Vec::new(), keys: Vec::new() };
         let mut got = vec![0.0; V.pow(LEN as u32)];
         for ((i, _), pr) in enumerate(|c| verify_step(&det, c, Rule::Lossless)) {
             got[i] += pr;
@@ -685,7 +705,16 @@ mod tests {
             let mut counts = vec![0usize; want.len()];
             let mut accepted = 0;
             for _ in 0..n {
-                let tree = sample_tree_with(&lat, limits, V, 1.0, FirstChild::Drawn, Proposals::none(), &mut draft);
+                let tree = sample_tree_with(
+                    &lat,
+                    limits,
+                    V,
+                    DraftQ::at(1.0),
+                    FirstChild::Drawn,
+                    Proposals::none(),
+                    &raw_key,
+                    &mut draft,
+                );
                 let (i, a) = verify_step(&tree, &mut verify, rule);
                 counts[i] += 1;
                 accepted += a;

@@ -356,7 +356,9 @@ def server_with_env(name, args, env):
 
 def test_bad_values_of_our_flags_stop_the_server():
     for flag, value, message in (("--spec-dflash2-block-size", "1", "--spec-dflash2-block-size needs"),
-                                 ("--spec-dflash2-ngram", "99", "--spec-dflash2-ngram needs 0 (none) to 16")):
+                                 ("--spec-dflash2-ngram", "99", "--spec-dflash2-ngram needs 0 (none) to 16"),
+                                 ("--spec-dflash2-adapt-sampled", "maybe",
+                                  "--spec-dflash2-adapt-sampled is on or off, got 'maybe'")):
         s = Server("bad-flag", [flag, value] + [DRAFT])
         code = s.proc.wait(timeout=60)
         s.log.close()
@@ -390,7 +392,11 @@ def completion_probs(server, prompt, **extra):
 SAMPLED = {"temperature": 0.8, "top_k": 8, "seed": 1234}
 
 
-@with_servers(("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT]))
+# sampled drafts that do not adapt to what the engine measured: a seed answers the same twice
+ADAPT_OFF = ["--spec-dflash2-adapt-sampled", "off"]
+
+
+@with_servers(("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT] + ADAPT_OFF))
 def test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling(spec):
     # top-k 8 and 8 post-sampling probabilities: p is the whole candidate list at each
     # position, so every emitted token, drafted or not, must be one of its position's
@@ -414,6 +420,7 @@ def test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling(spec):
     m = assert_drafting(spec)
     assert m["spec_decode_num_draft_tokens_total"] >= slot["draft"]["n_drafted"] > 0
     assert m["dflash2_drafted_tokens_total"] > 0
+    assert m["dflash2_tuned_drafts_total"] == 0, "adaptation off: every draft at the slot's temperature"
 
 
 @with_servers(("dflash2", ["-np", "1", "-c", "2048"] + [DRAFT]))
@@ -657,10 +664,12 @@ def test_sampled_trees_emit_the_no_drafter_servers_token_distribution():
         m = spec.metrics()
         print(f"  {DIST_SEEDS} seeds x {len(DIST_PROMPTS)} prompts: smallest p {worst:.3f} (trees), {power:.2g} "
               f"(T 0.5); {totals['n_steps']} trees, {totals['n_branched']} branched, {totals['n_accepted']} nodes "
-              f"accepted, n-gram nodes {m['dflash2_ngram_nodes_total']:.0f}")
+              f"accepted, n-gram nodes {m['dflash2_ngram_nodes_total']:.0f}; {m['dflash2_tuned_drafts_total']:.0f} "
+              f"drafts at a tuned draft temperature, {m['dflash2_draft_temperature_ratio']:.2f} x the slot's")
         assert spec.request("GET", "/slots")[0]["draft"]["verify"] == "rejection-sampling-tree"
         assert totals["n_steps"] > 0 and totals["n_branched"] > 0 and totals["n_accepted"] > 0, totals
         assert m["dflash2_ngram_nodes_total"] > 0, m
+        assert m["dflash2_tuned_drafts_total"] > 0 and m["dflash2_draft_temperature_ratio"] > 0, m
         # 8 tests: at 1e-3 each, an honest server fails under 1% of runs
         assert worst > 1e-3, f"the token distributions differ: p {worst}"
         assert power < 1e-3, f"the test cannot tell T 0.8 from T 0.5: p {power}"

@@ -33,6 +33,14 @@ float to_temp(const std::string & flag, const std::string & value) {
     return v;
 }
 
+float to_unit(const std::string & flag, const std::string & value) {
+    const float v = to_temp(flag, value);
+    if (v > 1.0f) {
+        throw std::runtime_error(flag + " needs a number in [0, 1], got '" + value + "'");
+    }
+    return v;
+}
+
 } // namespace
 
 std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::string & list) {
@@ -60,7 +68,14 @@ const char * host_args_usage() {
            "  --ctx-size N      target context (default 4096)\n"
            "  --temp T          target sampling temperature (default 0: greedy; > 0: llama.cpp's temp + dist chain)\n"
            "  --seed S          sampling seed (default 0; prompt i uses S + i)\n"
-           "  --draft-temp T    temperature of dflash2's sampled draft walk (default: --temp)\n"
+           "  --top-k N, --top-p P, --min-p P  the target sampler's truncation before --temp, in llama.cpp's\n"
+           "                    order (default off: 0, 1, 0; llama-server's defaults are 40, 0.95, 0.05)\n"
+           "  --truncate-q on|off  dflash2's sampled drafts cut q like the sampler cuts p (default on)\n"
+           "  --draft-temp T    temperature of dflash2's sampled draft walk: auto (default: the library's choice\n"
+           "                    per temperature and tree size, from measured acceptance), temp (= --temp) or a value\n"
+           "  --adapt-sampled on|off  whether dflash2's sampled drafts adapt to what it measured: the draft\n"
+           "                    temperature (unless --draft-temp sets it) and sampled trees' calibrated growth\n"
+           "                    (default on; off: a seed reproduces its output)\n"
            "  --ngram-branches N  n-gram branches (continuations of the text's own earlier occurrences) per\n"
            "                    dflash2 tree draft (default: the library's, 2; 0: none)\n"
            "  --first-child F   how dflash2's sampled trees choose each node's first child: drawn (from q like\n"
@@ -123,7 +138,26 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             }
             a.params.first_child = v == "greedy" ? LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY : LLAMA_SPEC_DFLASH2_FIRST_CHILD_DRAWN;
         } else if (flag == "--draft-temp") {
-            a.params.draft_temp = to_temp(flag, value());
+            const std::string v = value();
+            a.params.draft_temp = v == "auto" ? -1.0f : v == "temp" ? HOST_DRAFT_TEMP_TEMP : to_temp(flag, v);
+        } else if (flag == "--top-k") {
+            a.params.top_k = to_int(flag, value(), 0);
+        } else if (flag == "--top-p") {
+            a.params.top_p = to_unit(flag, value());
+        } else if (flag == "--min-p") {
+            a.params.min_p = to_unit(flag, value());
+        } else if (flag == "--truncate-q") {
+            const std::string v = value();
+            if (v != "on" && v != "off") {
+                throw std::runtime_error(flag + " takes on or off, not '" + v + "'");
+            }
+            a.params.truncate_q = v == "on";
+        } else if (flag == "--adapt-sampled") {
+            const std::string v = value();
+            if (v != "on" && v != "off") {
+                throw std::runtime_error(flag + " takes on or off, not '" + v + "'");
+            }
+            a.params.adapt_sampled = v == "on" ? 1 : 0;
         } else if (flag == "--rpc") {
             a.params.rpc = value();
         } else if (flag == "--device" || flag == "-dev") {

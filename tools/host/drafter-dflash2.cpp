@@ -15,7 +15,13 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
     params.walk            = walk;
     params.ngram_branches  = hp.ngram_branches;
     params.first_child     = hp.first_child;
+    params.adapt_sampled_drafts = hp.adapt_sampled;
     return params;
+}
+
+void host_add_tuning(host_stats & stats, const dflash2::stats & s) {
+    stats.n_tuned_drafts  += (int64_t) s.n_tuned_drafts;
+    stats.tuned_ratio_sum += s.mean_draft_temperature_ratio * (double) s.n_tuned_drafts;
 }
 
 namespace {
@@ -27,14 +33,15 @@ struct drafter_dflash2 : host_drafter {
     std::vector<llama_token>            tokens;
     std::vector<dflash2::draft_request> requests;
 
-    float temp;       // the target's sampling temperature: the drafts' too
-    float draft_temp; // the draft walk's own temperature (< 0: temp)
+    const host_params & hp; // the target's sampling (temperature, truncation): the drafts' too
+    float temp;
+    float draft_temp; // the draft temperature requests carry (< 0: the library chooses)
 
     bool feed_only; // process() and seq_rm() only: drafts nothing, never calls draft() or accept()
 
     drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only)
-        : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), temp(tgt.params.temp),
-          draft_temp(tgt.params.draft_temp), feed_only(feed_only) {}
+        : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), hp(tgt.params), temp(tgt.params.temp),
+          draft_temp(host_draft_temp(tgt.params)), feed_only(feed_only) {}
 
     const char * name() const override { return "dflash2"; }
 
@@ -51,7 +58,8 @@ struct drafter_dflash2 : host_drafter {
         requests.clear();
         for (const auto & r : reqs) {
             // temperature 0: the greedy chain, as before; > 0: a sampled draft with its q
-            requests.push_back(dflash2::make_request(r.seq, r.id_last, r.n_max, temp, r.seed, draft_temp));
+            requests.push_back(
+                    host_truncated(hp, dflash2::make_request(r.seq, r.id_last, r.n_max, temp, r.seed, draft_temp)));
         }
         engine.draft(requests, out);
     }
@@ -79,6 +87,7 @@ struct drafter_dflash2 : host_drafter {
         stats.t_noise_us  += (int64_t) s.t_draft_us;
         stats.t_walk_us   += (int64_t) s.t_walk_us;
         stats.t_copy_us   += (int64_t) s.t_process_us;
+        host_add_tuning(stats, s);
     }
 };
 

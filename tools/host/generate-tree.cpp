@@ -162,10 +162,10 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             r.max_leaves = n_leaves;
             if (tgt.sampled()) {
                 r.temperature       = tgt.params.temp;
-                r.draft_temperature = tgt.params.draft_temp;
+                r.draft_temperature = host_draft_temp(tgt.params);
                 r.seed              = s.seed;
             }
-            reqs.push_back(r);
+            reqs.push_back(host_truncated(tgt.params, r));
         }
         int64_t t = host_time_us();
         engine.draft_tree(reqs, trees);
@@ -275,6 +275,7 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
     stats.t_noise_us  += (int64_t) es.t_draft_us;
     stats.t_walk_us   += (int64_t) es.t_walk_us;
     stats.t_copy_us   += (int64_t) es.t_process_us;
+    host_add_tuning(stats, es);
 }
 
 } // namespace

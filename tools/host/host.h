@@ -43,7 +43,12 @@ struct host_params {
     std::string path_image;  // an image put before the first prompt's text (--image)
     float   temp      = 0.0f; // target sampling temperature (0: greedy)
     int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
-    float   draft_temp = -1.0f; // dflash2's sampled draft walk temperature (< 0: temp)
+    float   draft_temp = -1.0f; // dflash2's sampled draft temperature (-1: the library's; HOST_DRAFT_TEMP_TEMP: temp)
+    int32_t adapt_sampled = -1; // dflash2's params.adapt_sampled_drafts (-1: its default, on; 0: off)
+    int32_t top_k = 0;    // the target sampler's truncation (0 / 1 / 0: off), before the temperature
+    float   top_p = 1.0f;
+    float   min_p = 0.0f;
+    bool    truncate_q = true; // dflash2's sampled drafts cut q like the sampler cuts p
     int32_t target_min_ms = 0; // every target decode takes at least this long (a slow target whose rows are nearly free)
     int32_t ngram_branches = -1; // dflash2's n-gram branches per tree draft (-1: the library's default, 0: none)
     int32_t first_child = -1; // how dflash2's sampled trees choose each first child (-1: the library's default)
@@ -63,6 +68,19 @@ struct host_params {
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
+
+// --draft-temp temp: the draft temperature is the target's (set explicitly, never the library's choice)
+constexpr float HOST_DRAFT_TEMP_TEMP = -2.0f;
+
+// the draft temperature dflash2's requests carry (-1: unset, the library's choice)
+inline float host_draft_temp(const host_params & p) {
+    return p.draft_temp == HOST_DRAFT_TEMP_TEMP ? p.temp : p.draft_temp;
+}
+
+// a dflash2 request with q cut like the target sampler's p (--truncate-q on, the default)
+template <typename request> inline request host_truncated(const host_params & p, request r) {
+    return p.truncate_q ? dflash2::with_truncation(r, p.top_k, p.top_p, p.min_p) : r;
+}
 
 struct host_stats {
     int64_t n_generated  = 0;
@@ -92,6 +110,10 @@ struct host_stats {
     int64_t t_noise_us   = 0; // noise-block decodes
     int64_t t_walk_us    = 0; // lattice walks
     int64_t t_copy_us    = 0; // copying tap features out of the target
+    // dflash2 only: sampled drafts whose draft temperature the library chose, and the sum of
+    // their draft temperature / target temperature
+    int64_t n_tuned_drafts    = 0;
+    double  tuned_ratio_sum   = 0.0;
 
     int64_t t_drafter_us() const { return t_process_us + t_draft_us + t_accept_us; }
 
@@ -168,7 +190,9 @@ struct host_sampler {
     std::vector<llama_token_data> cur;
     llama_token_data_array        cur_p = {};
 
-    host_sampler(float temp, uint32_t seed);
+    // llama.cpp's chain in its default order: top-k, top-p, min-p (each where
+    // set in `p`), the temperature, the draw
+    host_sampler(const host_params & p, uint32_t seed);
     ~host_sampler();
     host_sampler(const host_sampler &) = delete;
     host_sampler & operator=(const host_sampler &) = delete;
@@ -222,6 +246,8 @@ std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t wa
 
 // dflash2's engine parameters for tgt's placement, --n-max, threads and --ngram-branches
 dflash2::params host_engine_params(host_target & tgt, int32_t walk);
+// adds the library's draft-temperature tuning counts to stats
+void host_add_tuning(host_stats & stats, const dflash2::stats & s);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt

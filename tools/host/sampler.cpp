@@ -4,9 +4,18 @@
 
 #include <stdexcept>
 
-host_sampler::host_sampler(float temp, uint32_t seed) {
+host_sampler::host_sampler(const host_params & p, uint32_t seed) {
     chain = llama_sampler_chain_init(llama_sampler_chain_default_params());
-    llama_sampler_chain_add(chain, llama_sampler_init_temp(temp));
+    if (p.top_k > 0) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_k(p.top_k));
+    }
+    if (p.top_p < 1.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_top_p(p.top_p, 1));
+    }
+    if (p.min_p > 0.0f) {
+        llama_sampler_chain_add(chain, llama_sampler_init_min_p(p.min_p, 1));
+    }
+    llama_sampler_chain_add(chain, llama_sampler_init_temp(p.temp));
     llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
 }
 

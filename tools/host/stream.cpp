@@ -12,7 +12,7 @@ std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<st
         s.history  = prompts[i];
         s.seed     = (uint32_t) tgt.params.seed + (uint32_t) i;
         if (tgt.sampled()) {
-            s.smpl = std::make_unique<host_sampler>(tgt.params.temp, s.seed);
+            s.smpl = std::make_unique<host_sampler>(tgt.params, s.seed);
         }
         streams.push_back(std::move(s));
     }

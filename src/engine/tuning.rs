@@ -1,0 +1,83 @@
+//! The engine's side of `crate::draft_temperature`: a sampled request that
+//! leaves its draft temperature unset gets the engine's choice for its class,
+//! and every verified node of such a draft (a chain position, or a tree node
+//! with drawn children) scores the candidate temperatures against the
+//! target's p there. Only p the host passed for verification is read, after
+//! the verification succeeded; nothing here draws from a sequence's
+//! generators.
+
+use super::sampled::{self, Mode};
+use super::{Engine, Request};
+use crate::draft_temperature::{Class, Tuning};
+use crate::error::Result;
+use crate::sampling::{Checked, Dist};
+use crate::tree::SampledTree;
+
+/// A verified node of a tuned draft, kept to be scored after the call that
+/// verified it is done with the draft: q's ids and probabilities, and the
+/// children drawn from q.
+pub(super) struct VerifiedNode {
+    q: Option<(Vec<i32>, Vec<f32>)>,
+    n_drawn: usize,
+}
+
+impl VerifiedNode {
+    /// Node `at` (None: the anchor) of a sampled tree.
+    pub fn of_tree(tree: &SampledTree, at: Option<usize>) -> VerifiedNode {
+        let (q, n_drawn) = tree.drawn_from(at);
+        let q = match q {
+            Some(Dist::Sparse { ids, probs }) => Some((ids.to_vec(), probs.to_vec())),
+            _ => None,
+        };
+        VerifiedNode { q, n_drawn }
+    }
+}
+
+impl Engine {
+    /// Scores the candidate draft temperatures on `node` against `p`, the
+    /// target's distribution at its row.
+    pub(super) fn observe_node(&mut self, tuning: Option<Tuning>, node: &VerifiedNode, p: Dist) {
+        let q = node.q.as_ref().map(|(ids, probs)| Dist::Sparse { ids, probs });
+        self.observe_tuning(tuning, q, p, node.n_drawn);
+    }
+
+    /// How request `r` drafts: as `sampled::mode` says, with the engine's
+    /// draft temperature where the request leaves it unset and tuning is on.
+    /// `tree_nodes`: None for a chain, else the tree's node budget.
+    pub(super) fn mode_of(&self, r: &Request, tree_nodes: Option<usize>) -> Result<Mode> {
+        let mode = sampled::mode(r)?;
+        let (Mode::Sampled { seed, truncation, .. }, Some(temps)) = (mode, self.draft_temperatures.as_ref()) else {
+            return Ok(mode);
+        };
+        if !sampled::leaves_draft_temperature(r) {
+            return Ok(mode);
+        }
+        let class = Class::new(r.temperature, tree_nodes);
+        let t_draft = temps.choose(r.temperature, class);
+        Ok(Mode::Sampled { t_draft, seed, truncation, tuning: Some(Tuning { class, t_draft }) })
+    }
+
+    /// Counts a tuned draft in the statistics.
+    pub(super) fn record_tuning(&mut self, r: &Request, mode: Mode) {
+        if let Some(t) = mode.tuning() {
+            self.stats.n_tuned_drafts += 1;
+            self.stats.tuned_ratio_milli += (t.t_draft / r.temperature * 1000.0).round() as u64;
+        }
+    }
+
+    /// A verified node of a tuned draft: q (drawn at `tuning.t_draft`), the
+    /// target's p at the node's row, and the children drawn from q.
+    pub(super) fn observe_tuning(&mut self, tuning: Option<Tuning>, q: Option<Dist>, p: Dist, n_drawn: usize) {
+        let (Some(tuning), Some(Dist::Sparse { ids, probs }), Some(temps)) =
+            (tuning, q, self.draft_temperatures.as_mut())
+        else {
+            return;
+        };
+        // p was checked by the verification that just succeeded
+        let Ok(p) = Checked::new(p, self.n_vocab, "p") else {
+            return;
+        };
+        let p_at: Vec<f64> = ids.iter().map(|&id| p.prob(id)).collect();
+        temps.observe(tuning, probs, &p_at, n_drawn);
+    }
+}
