@@ -40,9 +40,14 @@ const PLAIN: usize = 2;
 const MIN_SEEN: f64 = 16.0;
 /// Weight an older node keeps per new node (a window of ~1 / (1 - KEEP)).
 const KEEP: f64 = 0.995;
-/// Orders drawn per first child, node and factor where a node has several
-/// drawn children.
-const DRAWS: usize = 4;
+/// Orders drawn per first child, node and factor where a node has too many
+/// orders of its children to enumerate.
+const DRAWS: usize = 2;
+/// Of the nodes whose orders are drawn (three or more children of a dozen
+/// candidates: ~20-40 us each), one in this many is scored, weighing as many:
+/// a score window needs a few hundred nodes, not every one, and a host whose
+/// steps take milliseconds should not pay for it.
+const DRAWN_ORDERS_EVERY: u64 = 4;
 
 /// Which scores a request's choice reads: its temperature (to 0.05) and its
 /// draft's shape (a chain, or a tree by its node budget).
@@ -95,6 +100,8 @@ pub struct DraftTemperatures {
     rng: Rng,
     /// Observations per class, for `DFLASH2_TRACE_TEMPERATURE`.
     traced: HashMap<Class, u64>,
+    /// Nodes whose orders would be drawn, seen so far (`DRAWN_ORDERS_EVERY`).
+    n_drawn_orders: u64,
 }
 
 /// `DFLASH2_TRACE_TEMPERATURE` set: each class's scores every 100 nodes go
@@ -106,7 +113,12 @@ fn trace() -> bool {
 
 impl Default for DraftTemperatures {
     fn default() -> Self {
-        DraftTemperatures { scores: HashMap::new(), rng: Rng::new(0x0d1f_7e3b), traced: HashMap::new() }
+        DraftTemperatures {
+            scores: HashMap::new(),
+            rng: Rng::new(0x0d1f_7e3b),
+            traced: HashMap::new(),
+            n_drawn_orders: 0,
+        }
     }
 }
 
@@ -133,13 +145,24 @@ impl DraftTemperatures {
         if t_request <= 0.0 {
             return;
         }
+        let m = n_drawn.min(q.len());
+        let weight = if exact_orders(q.len(), m) {
+            1.0
+        } else {
+            self.n_drawn_orders += 1;
+            if self.n_drawn_orders % DRAWN_ORDERS_EVERY != 1 {
+                return;
+            }
+            DRAWN_ORDERS_EVERY as f64
+        };
         let scores = self.scores.entry(tuning.class).or_default();
+        let keep = KEEP.powf(weight);
         for (i, &f) in FACTORS.iter().enumerate() {
             let q2 = retempered(q, (tuning.t_draft / (t_request * f)) as f64);
-            let a = node_acceptance(&q2, p_at, n_drawn.min(q.len()), &mut self.rng);
-            scores.sum[i] = scores.sum[i] * KEEP + a;
+            let a = node_acceptance(&q2, p_at, m, &mut self.rng);
+            scores.sum[i] = scores.sum[i] * keep + weight * a;
         }
-        scores.seen = scores.seen * KEEP + 1.0;
+        scores.seen = scores.seen * keep + weight;
         if trace() {
             let n = self.traced.entry(tuning.class).or_default();
             *n += 1;
@@ -175,14 +198,20 @@ fn node_acceptance(q: &[f64], p_at: &[f64], m: usize, rng: &mut Rng) -> f64 {
     if m == 0 {
         return 0.0;
     }
-    let orders = (n + 1 - m..=n).try_fold(1usize, |a, x| a.checked_mul(x).filter(|&v| v <= EXACT_ORDERS));
+    let exact = exact_orders(n, m);
     let state = Rejection::new(q, p_at);
-    let draws = if orders.is_some() { 1 } else { DRAWS };
+    let draws = if exact { 1 } else { DRAWS };
     let mut sum = 0.0;
     for _ in 0..draws {
-        sum += state.accepted(m, orders.is_some(), true, rng);
+        sum += state.accepted(m, exact, true, rng);
     }
     sum / draws as f64
+}
+
+/// Whether the orders of `m` children of `n` candidates are few enough to
+/// enumerate (m = 1 and 2 of 16).
+fn exact_orders(n: usize, m: usize) -> bool {
+    m <= n && (n + 1 - m..=n).try_fold(1usize, |a, x| a.checked_mul(x).filter(|&v| v <= EXACT_ORDERS)).is_some()
 }
 
 /// Orders of a node's children enumerated exactly at most.
