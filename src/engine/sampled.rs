@@ -304,16 +304,17 @@ impl Engine {
         let i = i as usize;
         let mut rng = self.verify_rng(s, seq)?;
         let tuning = o.tuning;
-        let (token, accepted, pick) = if i < n {
+        let (token, accepted) = if i < n {
             let pick = &sd.picks[i];
             match sampling::verify_token(pick.token, pick.q(), p, self.n_vocab, &mut rng)? {
-                Step::Accepted => (pick.token, true, Some(pick.clone())),
-                Step::Rejected(x) => (x, false, Some(pick.clone())),
+                Step::Accepted => (pick.token, true),
+                Step::Rejected(x) => (x, false),
             }
         } else {
-            (sampling::sample(p, self.n_vocab, &mut rng)?, false, None)
+            (sampling::sample(p, self.n_vocab, &mut rng)?, false)
         };
-        if let Some(pick) = pick {
+        // a tuned draft's verified position scores the other draft temperatures
+        if let Some(pick) = sd.picks.get(i).filter(|_| tuning.is_some()).cloned() {
             self.observe_tuning(tuning, Some(pick.q()), p, 1);
         }
         let q = &mut self.seqs[s];
@@ -365,7 +366,8 @@ impl Engine {
         let mut rng = self.verify_rng(s, seq)?;
         let verdict = sampling::verify(&o.tokens, &qs, &ps, n_vocab, &mut rng)?;
         let tuning = o.tuning;
-        let reached: Vec<SampledPick> = sd.picks.iter().take(verdict.n_accepted + 1).cloned().collect();
+        let n_reached = if tuning.is_some() { verdict.n_accepted + 1 } else { 0 };
+        let reached: Vec<SampledPick> = sd.picks.iter().take(n_reached).cloned().collect();
         self.accept(seq, verdict.n_accepted as i32)?;
         for (pick, &p) in reached.iter().zip(&ps) {
             self.observe_tuning(tuning, Some(pick.q()), p, 1);

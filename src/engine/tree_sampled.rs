@@ -204,6 +204,7 @@ impl Engine {
         // the nodes verification reached: the anchor, then the accepted path
         let reached: Vec<(VerifiedNode, usize)> = std::iter::once(None)
             .chain(verdict.path.iter().map(|&i| Some(i)))
+            .filter(|_| tuning.is_some())
             .map(|at| (VerifiedNode::of_tree(&st.tree, at), at.map_or(0, |i| i + 1)))
             .collect();
         let path: Vec<i32> = verdict.path.iter().map(|&i| i as i32).collect();

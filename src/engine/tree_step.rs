@@ -180,7 +180,12 @@ impl Engine {
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();
         let calibration = EdgeCalibration::from_model(&self.tree_acceptance);
-        let sampled_calibration = EdgeCalibration::from_model(&self.sampled_tree_acceptance);
+        // built only for a call that grows sampled trees by it
+        let sampled_calibration = if self.calibrate_sampled_trees && modes.iter().any(|m| *m != Mode::Greedy) {
+            EdgeCalibration::from_model(&self.sampled_tree_acceptance)
+        } else {
+            EdgeCalibration::raw()
+        };
         for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
             let (i, mut lim) = (block.request, limits[block.request]);
             let seq = reqs[i].seq;

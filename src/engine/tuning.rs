@@ -10,7 +10,7 @@ use super::sampled::{self, Mode};
 use super::{Engine, Request};
 use crate::draft_temperature::{Class, Tuning};
 use crate::error::Result;
-use crate::sampling::{Checked, Dist};
+use crate::sampling::Dist;
 use crate::tree::SampledTree;
 
 /// A verified node of a tuned draft, kept to be scored after the call that
@@ -73,11 +73,25 @@ impl Engine {
         else {
             return;
         };
-        // p was checked by the verification that just succeeded
-        let Ok(p) = Checked::new(p, self.n_vocab, "p") else {
-            return;
-        };
-        let p_at: Vec<f64> = ids.iter().map(|&id| p.prob(id)).collect();
-        temps.observe(tuning, probs, &p_at, n_drawn);
+        temps.observe(tuning, probs, &p_at(p, ids), n_drawn);
+    }
+}
+
+/// p at q's tokens. p was checked (finite, >= 0, summing to 1 within
+/// `sampling::SUM_TOLERANCE`) by the verification that just succeeded, so it
+/// is read as given: checking and renormalizing it again would walk a dense
+/// vocabulary once more per verified node, for a score that does not need it.
+fn p_at(p: Dist, ids: &[i32]) -> Vec<f64> {
+    match p {
+        Dist::Dense(probs) => ids.iter().map(|&id| probs.get(id as usize).map_or(0.0, |&x| x as f64)).collect(),
+        Dist::Sparse { ids: p_ids, probs } => {
+            let mut out = vec![0.0; ids.len()];
+            for (id, &x) in p_ids.iter().zip(probs) {
+                if let Some(k) = ids.iter().position(|q| q == id) {
+                    out[k] += x as f64; // duplicates sum, as in `Checked`
+                }
+            }
+            out
+        }
     }
 }
