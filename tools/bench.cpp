@@ -268,6 +268,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
     const host_params & p = args.params;
     out << "{\n  \"machine\": {\"cpu\": " << json_str(cpu_model()) << ", \"hardware_threads\": "
         << std::thread::hardware_concurrency() << ", \"threads\": " << p.n_threads << "},\n";
+    out << "  \"cache_type_k\": " << json_str(ggml_type_name(p.cache_type_k)) << ", \"cache_type_v\": "
+        << json_str(ggml_type_name(p.cache_type_v)) << ",\n";
     out << "  \"llama_cpp\": " << json_str(llama_print_system_info()) << ",\n";
     out << "  \"dflash2\": " << json_str(dflash2::version()) << ",\n";
     out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
@@ -419,34 +421,70 @@ void write_svg(const std::string & path, const std::vector<mode_result> & result
     out << "</svg>\n";
 }
 
-// --lockstep A,B: the two chain modes generate in rounds of 16 steps (host_generate_lockstep),
+// the trees' sizes of a run: --tree for dflash2-tree, --auto-tree for dflash2-auto, and
+// the sequence ids of the larger on every tree context, so that both modes share them
+struct tree_sizes {
+    int32_t n_tree;
+    int32_t n_auto;
+
+    int32_t nodes(const std::string & mode) const { return mode == "dflash2-auto" ? n_auto : n_tree; }
+    int32_t n_ids() const { return std::max(n_tree, n_auto); }
+};
+
+// one side of a lockstep run: mode's host on tgt (its context reset for mode at np)
+struct lockstep_side {
+    std::unique_ptr<host_drafter>   drafter;
+    std::unique_ptr<host_tree_host> tree;
+    host_wave_factory               waves;
+
+    lockstep_side(const std::string & mode, host_target & tgt, int32_t np, const tree_sizes & sizes) {
+        if (on_tree_context(mode)) {
+            tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, sizes.n_ids())));
+        } else {
+            tgt.reset_context(np);
+        }
+        if (is_tree(mode)) {
+            const int32_t n = sizes.nodes(mode);
+            tree  = std::make_unique<host_tree_host>(tgt, n, tree_leaves(np, n),
+                    mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY);
+            waves = tree->waves();
+            return;
+        }
+        if (mode != "ar" && mode != "ar-unified") {
+            drafter = make_drafter(mode, tgt);
+        }
+        waves = host_chain_waves(mode == "ar-attached" ? nullptr : drafter.get());
+    }
+};
+
+// --lockstep A,B: the two modes generate in rounds of 16 steps (host_generate_lockstep),
 // each rep on fresh contexts; prints each rep's tokens/s of both and B/A, in wall and
 // CPU time, then the medians. The machine's load falls on both alike.
 int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
-        const std::string & spec, int reps) {
+        const std::string & spec, int reps, const tree_sizes & sizes) {
     const std::vector<std::string> ab = split(spec);
     if (ab.size() != 2) {
         throw std::runtime_error("--lockstep takes two modes: A,B");
     }
     for (const auto & m : ab) {
-        if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_diagnostic(m)) {
-            throw std::runtime_error("--lockstep runs chain modes only (ar, upstream, dflash2, dflash2-adaptive, "
-                    "ar-attached, ar-fed), not " + m);
+        if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m) && !is_diagnostic(m)) {
+            throw std::runtime_error("--lockstep runs ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto, "
+                    "ar-attached, ar-fed or ar-unified, not " + m);
         }
     }
     host_target tgt_b(tgt, 0); // a second context on the same model (the weights are read from one place)
     printf("lockstep %s (A) vs %s (B), rounds of 16 steps, %d repetitions\n", ab[0].c_str(), ab[1].c_str(), reps);
+    if (on_tree_context(ab[0]) != on_tree_context(ab[1])) {
+        printf("(at np > 1 a tree mode's unified cache rounds unlike the split cache of %s: outputs may differ at "
+               "near-ties; ar-unified is target-only on the tree modes' context)\n",
+                on_tree_context(ab[0]) ? ab[1].c_str() : ab[0].c_str());
+    }
     for (int32_t np : args.np_list) {
         std::vector<double> wall, cpu;
         for (int rep = 0; rep < reps; ++rep) {
-            tgt.reset_context(np);
-            tgt_b.reset_context(np);
-            auto da = make_drafter(ab[0], tgt);
-            auto db = make_drafter(ab[1], tgt_b);
-            auto used = [](const std::string & m, std::unique_ptr<host_drafter> & d) {
-                return m == "ar-attached" ? nullptr : d.get();
-            };
-            auto [a, b] = host_generate_lockstep(tgt, used(ab[0], da), tgt_b, used(ab[1], db), prompts);
+            lockstep_side sa(ab[0], tgt, np, sizes);
+            lockstep_side sb(ab[1], tgt_b, np, sizes);
+            auto [a, b] = host_generate_lockstep(tgt, sa.waves, tgt_b, sb.waves, prompts);
             const bool same = a.tokens == b.tokens;
             wall.push_back(b.stats.tokens_per_s() / a.stats.tokens_per_s());
             cpu.push_back(b.stats.tokens_per_cpu_s() / a.stats.tokens_per_cpu_s());
@@ -489,8 +527,8 @@ int main(int argc, char ** argv) {
         // the controller's largest tree (dflash2-auto): --auto-tree, else --tree
         const int32_t n_auto = args.values.count("--auto-tree")
                 ? host_parse_int_list("--auto-tree", args.values["--auto-tree"])[0] : n_tree;
-        // tree contexts get sequence ids for the larger of the two, so both modes share them
-        const int32_t n_tree_ids = std::max(n_tree, n_auto);
+        const tree_sizes sizes      = { n_tree, n_auto };
+        const int32_t    n_tree_ids = sizes.n_ids();
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
         for (auto [flag, field] : { std::pair<const char *, int32_t *>{ "--ngram-size-n", &args.params.ngram_size_n },
                                     { "--ngram-size-m", &args.params.ngram_size_m } }) {
@@ -510,13 +548,15 @@ int main(int argc, char ** argv) {
         printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
                 args.params.n_max, args.params.n_threads, reps);
+        printf("target KV cache: K %s, V %s\n", ggml_type_name(args.params.cache_type_k),
+                ggml_type_name(args.params.cache_type_v));
         if (tgt.sampled()) {
             printf("sampled: temp %.2f (chain: temp, dist), seed %d; upstream: greedy drafts, sample-and-match; "
                    "dflash2: sampled drafts, lossless rejection sampling\n", args.params.temp, args.params.seed);
         }
 
         if (args.values.count("--lockstep")) {
-            return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps);
+            return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps, sizes);
         }
 
         const std::string world_name = args.values.count("--cost-world") ? args.values["--cost-world"] : "real";
@@ -561,7 +601,7 @@ int main(int argc, char ** argv) {
                     host_generation gen;
                     if (is_tree(r.mode)) {
                         tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
-                        gen = host_generate_tree(tgt, n_tree, tree_leaves(np, n_tree),
+                        gen = host_generate_tree(tgt, sizes.nodes(r.mode), tree_leaves(np, sizes.nodes(r.mode)),
                                 r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
                                 prompts);
                     } else if (r.mode == "ar-unified") {
@@ -598,9 +638,9 @@ int main(int argc, char ** argv) {
         return 0;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting), ar-unified (target-only on the tree modes' context)\n  --tree N          nodes per tree of dflash2-tree and dflash2-auto (default --n-max)\n"
+                " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting), ar-unified (target-only on the tree modes' context)\n  --tree N          nodes per tree of dflash2-tree (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
-                "  --lockstep A,B    two chain modes in turns of 16 steps instead (an A/B under the same load)\n"
+                "  --lockstep A,B    two modes in turns of 16 steps instead (an A/B under the same load)\n"
                 "  --auto-tree N     the controller's largest tree (dflash2-auto; default --tree)\n"
                 "  --ngram-size-n N, --ngram-size-m M  lookup and draft sizes of llama.cpp's n-gram types (default theirs)\n"
                 "  --cost-world W    real (default) or gpu-like: every target decode padded to a floor that covers\n"

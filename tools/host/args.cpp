@@ -41,6 +41,20 @@ float to_unit(const std::string & flag, const std::string & value) {
     return v;
 }
 
+// a KV cache type by ggml's name (f16, q8_0, ...), as llama.cpp's -ctk / -ctv take it
+ggml_type to_cache_type(const std::string & flag, const std::string & value) {
+    static const ggml_type allowed[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0,
+        GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_IQ4_NL, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1 };
+    std::string names;
+    for (ggml_type t : allowed) {
+        if (value == ggml_type_name(t)) {
+            return t;
+        }
+        names += std::string(names.empty() ? "" : ", ") + ggml_type_name(t);
+    }
+    throw std::runtime_error(flag + " takes one of " + names + ", not '" + value + "'");
+}
+
 } // namespace
 
 std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::string & list) {
@@ -86,6 +100,8 @@ const char * host_args_usage() {
            "  --mmproj FILE     the target's multimodal projector GGUF\n"
            "  --target-min-ms D every target decode takes at least D ms (sleeping the rest): a stand-in for a big\n"
            "                    memory-bound target, whose verify rows are nearly free (default 0: off)\n"
+           "  -ctk, --cache-type-k T, -ctv, --cache-type-v T  the target's KV cache types (default f16; q8_0\n"
+           "                    attends each row alike in any batch size on the CPU, f16 not from 64 rows)\n"
            "  --rpc H:P[,H:P]   llama.cpp RPC servers: their devices are RPC0, RPC1, ... in order\n"
            "  --device LIST     the target's devices (Vulkan0,RPC0,...; none = the CPU only; default: every GPU)\n"
            "  -ngl, --n-gpu-layers N  target layers on the devices (default: all, the output layer included)\n"
@@ -158,6 +174,10 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
                 throw std::runtime_error(flag + " takes on or off, not '" + v + "'");
             }
             a.params.adapt_sampled = v == "on" ? 1 : 0;
+        } else if (flag == "-ctk" || flag == "--cache-type-k") {
+            a.params.cache_type_k = to_cache_type(flag, value());
+        } else if (flag == "-ctv" || flag == "--cache-type-v") {
+            a.params.cache_type_v = to_cache_type(flag, value());
         } else if (flag == "--rpc") {
             a.params.rpc = value();
         } else if (flag == "--device" || flag == "-dev") {

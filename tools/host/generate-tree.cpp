@@ -115,30 +115,60 @@ void verify_sampled(const host_target & tgt, dflash2::engine & engine, host_stre
     engine.accept_tree(s.seq, path);
 }
 
-void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
-        std::vector<host_stream> & streams, host_stats & stats) {
-    llama_memory_t mem = llama_get_memory(tgt.ctx);
-    llama_memory_clear(mem, true);
-    engine.seq_rm(-1, -1, -1);
-    prefill_drafter prefill(engine);
-    host_prefill(tgt, &prefill, streams, stats);
-    engine.reset_stats();
+// one wave of streams generated step by step by the tree host
+struct tree_wave : host_wave_runner {
+    host_target &              tgt;
+    dflash2::engine &          engine;
+    const int32_t              n_nodes;
+    const int32_t              n_leaves;
+    std::vector<host_stream> & streams;
+    host_stats &               stats;
+    llama_memory_t             mem;
+    common_batch               batch;
 
-    const int32_t np = (int32_t) streams.size();
-    const int64_t t_start = host_time_us();
-    const int64_t t_cpu_start = host_cpu_time_us();
-    for (auto & s : streams) {
-        host_emit(tgt, s, { s.id_last });
-    }
-
-    common_batch batch(tgt.ctx);
     std::vector<dflash2::tree_request>           reqs;
     std::vector<std::vector<dflash2::tree_node>> trees;
     std::vector<tree_step>                       steps;
     std::vector<dflash2::row>                    rows;
     std::vector<llama_token>                     emitted;
     std::vector<int32_t>                         path;
-    while (true) {
+
+    tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
+            std::vector<host_stream> & streams, host_stats & stats)
+        : tgt(tgt), engine(engine), n_nodes(n_nodes), n_leaves(n_leaves), streams(streams), stats(stats),
+          mem(llama_get_memory(tgt.ctx)), batch(tgt.ctx) {
+        llama_memory_clear(mem, true);
+        engine.seq_rm(-1, -1, -1);
+        prefill_drafter prefill(engine);
+        host_prefill(tgt, &prefill, streams, stats);
+        engine.reset_stats();
+        for (auto & s : streams) {
+            host_emit(tgt, s, { s.id_last });
+        }
+    }
+
+    bool step() override {
+        const int64_t t_start     = host_time_us();
+        const int64_t t_cpu_start = host_cpu_time_us();
+        const bool    more        = step_untimed();
+        stats.t_total_us += host_time_us() - t_start;
+        stats.t_cpu_us   += host_cpu_time_us() - t_cpu_start;
+        return more;
+    }
+
+    void finish() override {
+        const dflash2::stats es = engine.get_stats();
+        stats.has_split = true;
+        stats.t_inject_us += (int64_t) es.t_inject_us;
+        stats.t_noise_us  += (int64_t) es.t_draft_us;
+        stats.t_walk_us   += (int64_t) es.t_walk_us;
+        stats.t_copy_us   += (int64_t) es.t_process_us;
+        host_add_tuning(stats, es);
+    }
+
+  private:
+    bool step_untimed() {
+        const int32_t np = (int32_t) streams.size();
         std::vector<size_t> active;
         for (size_t i = 0; i < streams.size(); ++i) {
             if (!streams[i].done) {
@@ -146,7 +176,7 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             }
         }
         if (active.empty()) {
-            break;
+            return false;
         }
 
         reqs.clear();
@@ -266,17 +296,9 @@ void run_tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes,
             s.id_last = emitted.back();
             host_emit(tgt, s, emitted);
         }
+        return true;
     }
-    stats.t_total_us += host_time_us() - t_start;
-    stats.t_cpu_us += host_cpu_time_us() - t_cpu_start;
-    const dflash2::stats es = engine.get_stats();
-    stats.has_split = true;
-    stats.t_inject_us += (int64_t) es.t_inject_us;
-    stats.t_noise_us  += (int64_t) es.t_draft_us;
-    stats.t_walk_us   += (int64_t) es.t_walk_us;
-    stats.t_copy_us   += (int64_t) es.t_process_us;
-    host_add_tuning(stats, es);
-}
+};
 
 } // namespace
 
@@ -284,20 +306,17 @@ int32_t host_tree_seq_ids(int32_t np, int32_t n_leaves) {
     return np * (n_leaves + 1);
 }
 
+host_tree_host::host_tree_host(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk)
+    : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), n_nodes(n_nodes), n_leaves(n_leaves) {}
+
+host_wave_factory host_tree_host::waves() {
+    return [this](host_target & tgt, std::vector<host_stream> & streams, host_stats & stats) {
+        return std::unique_ptr<host_wave_runner>(new tree_wave(tgt, engine, n_nodes, n_leaves, streams, stats));
+    };
+}
+
 host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
         const std::vector<std::vector<llama_token>> & prompts) {
-    dflash2::engine engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk));
-
-    host_generation gen;
-    gen.tokens.resize(prompts.size());
-    const size_t n_seq = (size_t) tgt.params.n_seq;
-    for (size_t first = 0; first < prompts.size(); first += n_seq) {
-        std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
-        run_tree_wave(tgt, engine, n_nodes, n_leaves, streams, gen.stats);
-        for (auto & s : streams) {
-            gen.stats.n_generated += (int64_t) s.out.size();
-            gen.tokens[s.i_prompt] = std::move(s.out);
-        }
-    }
-    return gen;
+    host_tree_host host(tgt, n_nodes, n_leaves, walk);
+    return host_generate_waves(tgt, host.waves(), prompts);
 }

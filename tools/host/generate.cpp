@@ -31,8 +31,8 @@ size_t verify(const host_target & tgt, host_drafter * drafter, host_stream & s, 
     return n_acc;
 }
 
-// one wave of streams generated step by step (so that two hosts can run in lockstep)
-struct chain_wave {
+// one wave of streams generated step by step by the chain host
+struct chain_wave : host_wave_runner {
     host_target &              tgt;
     host_drafter *             drafter;
     std::vector<host_stream> & streams;
@@ -60,7 +60,7 @@ struct chain_wave {
 
     // one draft + verify step of every active stream; false when none is left.
     // Its wall and CPU time go to the stats.
-    bool step() {
+    bool step() override {
         const int64_t t_start     = host_time_us();
         const int64_t t_cpu_start = host_cpu_time_us();
         const bool    more        = step_untimed();
@@ -69,7 +69,7 @@ struct chain_wave {
         return more;
     }
 
-    void finish() {
+    void finish() override {
         if (drafter) {
             drafter->add_stats(stats);
         }
@@ -156,23 +156,34 @@ void collect(std::vector<host_stream> & streams, host_generation & gen) {
 
 } // namespace
 
-host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts) {
+host_wave_factory host_chain_waves(host_drafter * drafter) {
+    return [drafter](host_target & tgt, std::vector<host_stream> & streams, host_stats & stats) {
+        return std::unique_ptr<host_wave_runner>(new chain_wave(tgt, drafter, streams, stats));
+    };
+}
+
+host_generation host_generate_waves(host_target & tgt, const host_wave_factory & waves,
+        const std::vector<std::vector<llama_token>> & prompts) {
     host_generation gen;
     gen.tokens.resize(prompts.size());
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
         std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
-        chain_wave wave(tgt, drafter, streams, gen.stats);
-        while (wave.step()) {
+        std::unique_ptr<host_wave_runner> wave = waves(tgt, streams, gen.stats);
+        while (wave->step()) {
         }
-        wave.finish();
+        wave->finish();
         collect(streams, gen);
     }
     return gen;
 }
 
-std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, host_drafter * drafter_a,
-        host_target & tgt_b, host_drafter * drafter_b, const std::vector<std::vector<llama_token>> & prompts) {
+host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts) {
+    return host_generate_waves(tgt, host_chain_waves(drafter), prompts);
+}
+
+std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, const host_wave_factory & waves_a,
+        host_target & tgt_b, const host_wave_factory & waves_b, const std::vector<std::vector<llama_token>> & prompts) {
     host_generation a, b;
     a.tokens.resize(prompts.size());
     b.tokens.resize(prompts.size());
@@ -181,8 +192,8 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
         std::vector<host_stream> streams_a = host_wave(tgt_a, prompts, first, n_seq);
         std::vector<host_stream> streams_b = host_wave(tgt_b, prompts, first, n_seq);
-        chain_wave wave_a(tgt_a, drafter_a, streams_a, a.stats);
-        chain_wave wave_b(tgt_b, drafter_b, streams_b, b.stats);
+        std::unique_ptr<host_wave_runner> wave_a = waves_a(tgt_a, streams_a, a.stats);
+        std::unique_ptr<host_wave_runner> wave_b = waves_b(tgt_b, streams_b, b.stats);
         // stride steps of one, then of the other, the order flipping every round. Not
         // one step each: an engine's controller times its steps from one draft call to
         // the next, and would count the other host's step in each of its own (it then
@@ -195,13 +206,13 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
                 const bool a_now = (k == 0) == a_first;
                 for (int i = 0; i < stride; ++i) {
                     bool & more = a_now ? more_a : more_b;
-                    more        = more && (a_now ? wave_a.step() : wave_b.step());
+                    more        = more && (a_now ? wave_a->step() : wave_b->step());
                 }
             }
             a_first = !a_first;
         }
-        wave_a.finish();
-        wave_b.finish();
+        wave_a->finish();
+        wave_b->finish();
         collect(streams_a, a);
         collect(streams_b, b);
     }

@@ -22,6 +22,7 @@
 #include "llama.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,9 @@ struct host_params {
     int32_t first_child = -1; // how dflash2's sampled trees choose each first child (-1: the library's default)
     int32_t ngram_size_n = 0; // llama.cpp's n-gram types: lookup size n and draft size m (0: llama.cpp's defaults)
     int32_t ngram_size_m = 0;
+    // the target's KV cache types (-ctk / -ctv, as llama.cpp names them; every mode of a run shares them)
+    ggml_type cache_type_k = GGML_TYPE_F16;
+    ggml_type cache_type_v = GGML_TYPE_F16;
 
     // placement, as llama.cpp's options name it: --rpc HOST:PORT,... registers
     // remote devices; the target's --device / -ngl / -sm / -ts; the drafter's
@@ -257,11 +261,33 @@ struct host_generation {
 // generates for every prompt, n_seq prompts at a time in parallel; drafter NULL = target only
 host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts);
 
+// one wave of prompts generated step by step by one host, which prefilled them
+// (so that two hosts can run in lockstep): the chain host (host_chain_waves) and
+// the tree host (host_tree_host)
+struct host_stream;
+struct host_wave_runner {
+    virtual ~host_wave_runner() = default;
+    // one step of every active stream, its wall and CPU time added to the stats;
+    // false when none is left
+    virtual bool step() = 0;
+    // the drafter's own counters added to the stats, after the last step
+    virtual void finish() = 0;
+};
+using host_wave_factory = std::function<std::unique_ptr<host_wave_runner>(host_target &, std::vector<host_stream> &,
+        host_stats &)>;
+
+// the chain host's waves: drafter (NULL = target only) drafts, the target verifies
+host_wave_factory host_chain_waves(host_drafter * drafter);
+
+// generates for every prompt, n_seq prompts at a time in parallel, by waves' host
+host_generation host_generate_waves(host_target & tgt, const host_wave_factory & waves,
+        const std::vector<std::vector<llama_token>> & prompts);
+
 // host_generate on two targets (two contexts, one model) at once, 16 steps of
 // one, then 16 of the other (the order flipping every round): an A/B of two hosts under
 // nearly the same machine load. Each generation's times count its own steps only.
-std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, host_drafter * drafter_a,
-        host_target & tgt_b, host_drafter * drafter_b, const std::vector<std::vector<llama_token>> & prompts);
+std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, const host_wave_factory & waves_a,
+        host_target & tgt_b, const host_wave_factory & waves_b, const std::vector<std::vector<llama_token>> & prompts);
 
 // dflash2 tree drafts of at most n_nodes nodes and n_leaves leaves per step,
 // verified in one target batch per step (generate-tree.cpp; greedy at --temp 0,
@@ -271,6 +297,16 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
 // chain or a tree each step)
 host_generation host_generate_tree(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk,
         const std::vector<std::vector<llama_token>> & prompts);
+
+// the tree host of host_generate_tree: its engine on tgt's context, and its waves
+struct host_tree_host {
+    dflash2::engine engine;
+    int32_t         n_nodes;
+    int32_t         n_leaves;
+
+    host_tree_host(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk);
+    host_wave_factory waves();
+};
 int32_t         host_tree_seq_ids(int32_t np, int32_t n_leaves);
 
 // mixed instruction prompts (code, math, prose, lists, JSON)

@@ -96,6 +96,8 @@ void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     cparams.n_threads_batch = params.n_threads;
     cparams.kv_unified      = params.n_seq == 1 || n_seq_ids > 0;
     cparams.no_perf         = false;
+    cparams.type_k          = params.cache_type_k;
+    cparams.type_v          = params.cache_type_v;
     // a recurrent or hybrid target (qwen35, ...) rolls the rejected drafts of a
     // verify batch back through this many state snapshots; drafts never exceed n_max
     if (llama_model_is_recurrent(model) || llama_model_is_hybrid(model)) {
