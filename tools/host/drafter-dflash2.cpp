@@ -19,7 +19,12 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
     return params;
 }
 
-void host_add_tuning(host_stats & stats, const dflash2::stats & s) {
+void host_add_engine_stats(host_stats & stats, const dflash2::stats & s) {
+    stats.has_split = true;
+    stats.t_inject_us += (int64_t) s.t_inject_us;
+    stats.t_noise_us  += (int64_t) s.t_draft_us;
+    stats.t_walk_us   += (int64_t) s.t_walk_us;
+    stats.t_copy_us   += (int64_t) s.t_process_us;
     stats.n_tuned_drafts  += (int64_t) s.n_tuned_drafts;
     stats.tuned_ratio_sum += s.mean_draft_temperature_ratio * (double) s.n_tuned_drafts;
 }
@@ -80,15 +85,7 @@ struct drafter_dflash2 : host_drafter {
 
     void reset_stats() override { engine.reset_stats(); }
 
-    void add_stats(host_stats & stats) const override {
-        const dflash2::stats s = engine.get_stats();
-        stats.has_split = true;
-        stats.t_inject_us += (int64_t) s.t_inject_us;
-        stats.t_noise_us  += (int64_t) s.t_draft_us;
-        stats.t_walk_us   += (int64_t) s.t_walk_us;
-        stats.t_copy_us   += (int64_t) s.t_process_us;
-        host_add_tuning(stats, s);
-    }
+    void add_stats(host_stats & stats) const override { host_add_engine_stats(stats, engine.get_stats()); }
 };
 
 } // namespace

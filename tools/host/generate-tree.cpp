@@ -122,7 +122,6 @@ struct tree_wave : host_wave_runner {
     const int32_t              n_nodes;
     const int32_t              n_leaves;
     std::vector<host_stream> & streams;
-    host_stats &               stats;
     llama_memory_t             mem;
     common_batch               batch;
 
@@ -135,7 +134,7 @@ struct tree_wave : host_wave_runner {
 
     tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
             std::vector<host_stream> & streams, host_stats & stats)
-        : tgt(tgt), engine(engine), n_nodes(n_nodes), n_leaves(n_leaves), streams(streams), stats(stats),
+        : host_wave_runner(stats), tgt(tgt), engine(engine), n_nodes(n_nodes), n_leaves(n_leaves), streams(streams),
           mem(llama_get_memory(tgt.ctx)), batch(tgt.ctx) {
         llama_memory_clear(mem, true);
         engine.seq_rm(-1, -1, -1);
@@ -147,27 +146,11 @@ struct tree_wave : host_wave_runner {
         }
     }
 
-    bool step() override {
-        const int64_t t_start     = host_time_us();
-        const int64_t t_cpu_start = host_cpu_time_us();
-        const bool    more        = step_untimed();
-        stats.t_total_us += host_time_us() - t_start;
-        stats.t_cpu_us   += host_cpu_time_us() - t_cpu_start;
-        return more;
-    }
-
-    void finish() override {
-        const dflash2::stats es = engine.get_stats();
-        stats.has_split = true;
-        stats.t_inject_us += (int64_t) es.t_inject_us;
-        stats.t_noise_us  += (int64_t) es.t_draft_us;
-        stats.t_walk_us   += (int64_t) es.t_walk_us;
-        stats.t_copy_us   += (int64_t) es.t_process_us;
-        host_add_tuning(stats, es);
-    }
+    void finish() override { host_add_engine_stats(stats, engine.get_stats()); }
 
   private:
-    bool step_untimed() {
+    // one tree draft + verify step of every active stream
+    bool step_once() override {
         const int32_t np = (int32_t) streams.size();
         std::vector<size_t> active;
         for (size_t i = 0; i < streams.size(); ++i) {

@@ -36,13 +36,12 @@ struct chain_wave : host_wave_runner {
     host_target &              tgt;
     host_drafter *             drafter;
     std::vector<host_stream> & streams;
-    host_stats &               stats;
     common_batch               batch;
 
     std::vector<std::vector<llama_token>> drafts;
 
     chain_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats)
-        : tgt(tgt), drafter(drafter), streams(streams), stats(stats), batch(tgt.ctx) {
+        : host_wave_runner(stats), tgt(tgt), drafter(drafter), streams(streams), batch(tgt.ctx) {
         // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
         // on recurrent memory (hybrid targets), with an error in the log
         llama_memory_clear(llama_get_memory(tgt.ctx), true);
@@ -58,17 +57,6 @@ struct chain_wave : host_wave_runner {
         }
     }
 
-    // one draft + verify step of every active stream; false when none is left.
-    // Its wall and CPU time go to the stats.
-    bool step() override {
-        const int64_t t_start     = host_time_us();
-        const int64_t t_cpu_start = host_cpu_time_us();
-        const bool    more        = step_untimed();
-        stats.t_total_us += host_time_us() - t_start;
-        stats.t_cpu_us   += host_cpu_time_us() - t_cpu_start;
-        return more;
-    }
-
     void finish() override {
         if (drafter) {
             drafter->add_stats(stats);
@@ -76,7 +64,8 @@ struct chain_wave : host_wave_runner {
     }
 
   private:
-    bool step_untimed() {
+    // one draft + verify step of every active stream
+    bool step_once() override {
         std::vector<size_t> active;
         for (size_t i = 0; i < streams.size(); ++i) {
             if (!streams[i].done) {
@@ -155,6 +144,15 @@ void collect(std::vector<host_stream> & streams, host_generation & gen) {
 }
 
 } // namespace
+
+bool host_wave_runner::step() {
+    const int64_t t_start     = host_time_us();
+    const int64_t t_cpu_start = host_cpu_time_us();
+    const bool    more        = step_once();
+    stats.t_total_us += host_time_us() - t_start;
+    stats.t_cpu_us   += host_cpu_time_us() - t_cpu_start;
+    return more;
+}
 
 host_wave_factory host_chain_waves(host_drafter * drafter) {
     return [drafter](host_target & tgt, std::vector<host_stream> & streams, host_stats & stats) {

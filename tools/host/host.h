@@ -250,8 +250,9 @@ std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t wa
 
 // dflash2's engine parameters for tgt's placement, --n-max, threads and --ngram-branches
 dflash2::params host_engine_params(host_target & tgt, int32_t walk);
-// adds the library's draft-temperature tuning counts to stats
-void host_add_tuning(host_stats & stats, const dflash2::stats & s);
+// adds an engine's time split (inject, draft decode, walk, feature copy) and its
+// draft-temperature tuning counts to stats
+void host_add_engine_stats(host_stats & stats, const dflash2::stats & s);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
@@ -269,9 +270,16 @@ struct host_wave_runner {
     virtual ~host_wave_runner() = default;
     // one step of every active stream, its wall and CPU time added to the stats;
     // false when none is left
-    virtual bool step() = 0;
+    bool step();
     // the drafter's own counters added to the stats, after the last step
     virtual void finish() = 0;
+
+  protected:
+    explicit host_wave_runner(host_stats & stats) : stats(stats) {}
+    // one step, untimed
+    virtual bool step_once() = 0;
+
+    host_stats & stats;
 };
 using host_wave_factory = std::function<std::unique_ptr<host_wave_runner>(host_target &, std::vector<host_stream> &,
         host_stats &)>;
