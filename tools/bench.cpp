@@ -431,13 +431,14 @@ struct tree_sizes {
     int32_t n_ids() const { return std::max(n_tree, n_auto); }
 };
 
-// one side of a lockstep run: mode's host on tgt (its context reset for mode at np)
-struct lockstep_side {
+// a mode's host on tgt for np sequences, its context reset for the mode (the tree
+// modes and ar-unified on a unified cache with the trees' sequence ids)
+struct mode_host {
     std::unique_ptr<host_drafter>   drafter;
     std::unique_ptr<host_tree_host> tree;
     host_wave_factory               waves;
 
-    lockstep_side(const std::string & mode, host_target & tgt, int32_t np, const tree_sizes & sizes) {
+    mode_host(const std::string & mode, host_target & tgt, int32_t np, const tree_sizes & sizes) {
         if (on_tree_context(mode)) {
             tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, sizes.n_ids())));
         } else {
@@ -482,8 +483,8 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
     for (int32_t np : args.np_list) {
         std::vector<double> wall, cpu;
         for (int rep = 0; rep < reps; ++rep) {
-            lockstep_side sa(ab[0], tgt, np, sizes);
-            lockstep_side sb(ab[1], tgt_b, np, sizes);
+            mode_host sa(ab[0], tgt, np, sizes);
+            mode_host sb(ab[1], tgt_b, np, sizes);
             auto [a, b] = host_generate_lockstep(tgt, sa.waves, tgt_b, sb.waves, prompts);
             const bool same = a.tokens == b.tokens;
             wall.push_back(b.stats.tokens_per_s() / a.stats.tokens_per_s());
@@ -598,20 +599,8 @@ int main(int argc, char ** argv) {
                 // rotate the order so that no mode always runs first
                 for (size_t k = 0; k < modes.size(); ++k) {
                     mode_result & r = at_np[(k + rep) % modes.size()];
-                    host_generation gen;
-                    if (is_tree(r.mode)) {
-                        tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
-                        gen = host_generate_tree(tgt, sizes.nodes(r.mode), tree_leaves(np, sizes.nodes(r.mode)),
-                                r.mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY,
-                                prompts);
-                    } else if (r.mode == "ar-unified") {
-                        tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
-                        gen = host_generate(tgt, nullptr, prompts);
-                    } else {
-                        tgt.reset_context(np);
-                        auto drafter = make_drafter(r.mode, tgt);
-                        gen = host_generate(tgt, r.mode == "ar-attached" ? nullptr : drafter.get(), prompts);
-                    }
+                    const mode_host       host(r.mode, tgt, np, sizes);
+                    const host_generation gen = host_generate_waves(tgt, host.waves, prompts);
                     r.runs.push_back(gen.stats);
                     for (size_t i = 0; i < prompts.size(); ++i) {
                         const auto & want = on_tree_context(r.mode) ? reference_tree[i] : reference[i];
