@@ -29,7 +29,7 @@ if ! has --target; then
     args+=(--target "$(scripts/fetch-models.sh smollm2)")
 fi
 if ! has --draft; then
-    shared="$root/../shared/models"
+    shared=$("$root/scripts/shared-models.sh")
     if [ -f "$shared/smollm2-135m-dflash2.gguf" ]; then
         drafter="$shared/smollm2-135m-dflash2.gguf"
     elif [ -f "$shared/smollm2-135m-dflash2-random.gguf" ]; then

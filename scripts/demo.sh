@@ -33,7 +33,7 @@ has_draft=0
 for a in "$@"; do
     [ "$a" = "--draft" ] && has_draft=1
 done
-trained="$root/../shared/models/smollm2-135m-dflash2.gguf"
+trained="$("$root/scripts/shared-models.sh")/smollm2-135m-dflash2.gguf"
 if [ $has_draft = 0 ] && [ -f "$trained" ]; then
     echo "(no --draft: using the trained drafter $(cd "$(dirname "$trained")" && pwd)/$(basename "$trained"))" >&2
     args+=(--draft "$trained")

@@ -30,7 +30,7 @@ tools=$(scripts/build-tools.sh "$out/cpu")
 target=$(scripts/fetch-models.sh smollm2)
 cargo run -q --release -p dflash2-fixtures -- set "$out/fixtures"
 # the trained drafter when the machine has it (its drafts get accepted), else a generated one
-draft="$root/../shared/models/smollm2-135m-dflash2.gguf"
+draft="$("$root/scripts/shared-models.sh")/smollm2-135m-dflash2.gguf"
 if [ ! -f "$draft" ]; then
     draft="$out/smollm2-dflash2-generated.gguf"
     [ -f "$draft" ] || cargo run -q --release -p dflash2-fixtures -- drafter-for "$target" "$draft"

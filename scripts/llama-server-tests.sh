@@ -53,8 +53,9 @@ DFLASH2_SMOLLM2=$(scripts/fetch-models.sh smollm2)
 export DFLASH2_SMOLLM2
 
 if [ -z "$drafter" ]; then
-    if [ -f "$root/../shared/models/smollm2-135m-dflash2.gguf" ]; then
-        drafter="$root/../shared/models/smollm2-135m-dflash2.gguf"
+    shared=$("$root/scripts/shared-models.sh")
+    if [ -f "$shared/smollm2-135m-dflash2.gguf" ]; then
+        drafter="$shared/smollm2-135m-dflash2.gguf"
     else
         drafter="$out/smollm2-dflash2-generated.gguf"
         [ -f "$drafter" ] || cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$drafter" >&2

@@ -121,8 +121,7 @@ done
 cd "$root"
 export DFLASH2_SMOLLM2=${DFLASH2_SMOLLM2:-$(scripts/fetch-models.sh smollm2)}
 # the trained drafter when this machine has it, else the soak generates one
-trained="$root/../shared/models/smollm2-135m-dflash2.gguf"
-[ -f "$trained" ] || trained=/work/shared/models/smollm2-135m-dflash2.gguf
+trained="$("$root/scripts/shared-models.sh")/smollm2-135m-dflash2.gguf"
 part() { # name command...: runs one part, records its last line
     local name=$1; shift
     echo "== $name" >&2

