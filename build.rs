@@ -27,7 +27,14 @@ fn llama_prefix() -> PathBuf {
         Some(p) => (PathBuf::from(p), "DFLASH2_LLAMA_PREFIX"),
         None => (default_prefix().unwrap_or_default(), "the pinned build cache"),
     };
-    let needs = ["include/llama.h", "include/llama-ext.h", "lib/libllama.so", "lib/libggml.so", "lib/libggml-base.so"];
+    let needs = [
+        "include/llama.h",
+        "include/llama-ext.h",
+        "include/ggml-alloc.h",
+        "lib/libllama.so",
+        "lib/libggml.so",
+        "lib/libggml-base.so",
+    ];
     let missing: Vec<_> = needs.iter().filter(|n| !prefix.join(n).exists()).collect();
     if !missing.is_empty() {
         panic!(
@@ -48,8 +55,13 @@ fn llama_prefix() -> PathBuf {
 const PINNED_BINDINGS: &str = "src/sys/pinned_bindings.rs";
 const PINNED_TARGET: &str = "x86_64-unknown-linux-gnu";
 
-/// FNV-1a 64 of llama.h and every header it includes from the prefix, in
-/// include order: identifies the headers bindgen reads.
+/// The headers bindgen reads: llama.h, which includes ggml.h, ggml-cpu.h,
+/// ggml-backend.h and ggml-alloc.h (the draft graph the library builds
+/// itself, `crate::draft`, uses all of them).
+const BOUND_HEADERS: [&str; 1] = ["llama.h"];
+
+/// FNV-1a 64 of the bound headers and every header they include from the
+/// prefix, in include order: identifies the headers bindgen reads.
 fn headers_hash(include: &Path) -> u64 {
     fn visit(include: &Path, name: &str, seen: &mut Vec<String>, hash: &mut u64) {
         if seen.iter().any(|s| s == name) {
@@ -70,25 +82,28 @@ fn headers_hash(include: &Path) -> u64 {
         }
     }
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    visit(include, "llama.h", &mut Vec::new(), &mut hash);
+    let mut seen = Vec::new();
+    for header in BOUND_HEADERS {
+        visit(include, header, &mut seen, &mut hash);
+    }
     hash
 }
 
 fn generate_bindings(include: &Path) -> String {
     let header = include.join("llama.h");
     let run = || {
-        bindgen::Builder::default()
-            .header(header.to_string_lossy())
+        let mut builder = bindgen::Builder::default();
+        for h in BOUND_HEADERS {
+            builder = builder.header(include.join(h).to_string_lossy());
+        }
+        builder
             .clang_arg(format!("-I{}", include.display()))
             .allowlist_function("llama_.*")
             .allowlist_type("llama_.*")
             .allowlist_var("LLAMA_.*")
-            .allowlist_function("ggml_backend_dev_.*")
-            .allowlist_function("ggml_backend_load_all")
-            .allowlist_function("ggml_type_size")
-            .allowlist_function("ggml_blck_size")
-            .allowlist_function("ggml_type_name")
-            .allowlist_var("GGML_TYPE_COUNT")
+            .allowlist_function("ggml_.*")
+            .allowlist_type("ggml_.*")
+            .allowlist_var("GGML_.*")
             .prepend_enum_name(false)
             .derive_default(true)
             .layout_tests(false)

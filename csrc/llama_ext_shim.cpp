@@ -12,6 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 extern "C" {
 
@@ -85,6 +88,35 @@ ggml_backend_dev_t dflash2_shim_model_dev_output(const llama_model * model) {
         return dev_output(model);
     } catch (...) {
         return nullptr;
+    }
+}
+
+// The model's tensors named `name`: up to n_out of them into out, in the
+// model's order; returns how many there are (more than n_out possible: a tied
+// output head is a second "token_embd.weight" on the head's device), or -1
+// when this libllama does not export its tensor list. The list is
+// llama_internal_get_tensor_map (llama-model.h, not installed): looked up by
+// its mangled name at run time, like dev_output above.
+int32_t dflash2_shim_model_tensors(const llama_model * model, const char * name, ggml_tensor ** out, int32_t n_out) {
+    using tensor_map_t = const std::vector<std::pair<std::string, ggml_tensor *>> & (*)(const llama_model *);
+    static const tensor_map_t tensor_map =
+        (tensor_map_t) dlsym(RTLD_DEFAULT, "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model");
+    if (!tensor_map || !model || !name) {
+        return -1;
+    }
+    try {
+        int32_t n = 0;
+        for (const auto & [tname, tensor] : tensor_map(model)) {
+            if (tname == name) {
+                if (n < n_out && out) {
+                    out[n] = tensor;
+                }
+                n++;
+            }
+        }
+        return n;
+    } catch (...) {
+        return -1;
     }
 }
 

@@ -48,7 +48,13 @@
 // stats gained n_tuned_drafts and mean_draft_temperature_ratio (appended);
 // llama_spec_dflash2_draft_request and _tree_request gained top_k, top_p and
 // min_p (appended; zero cuts nothing): q cut like the host sampler's p.
-#define LLAMA_SPEC_DFLASH2_API_VERSION 8
+// 9: params.draft_graph (appended; default own): the library runs the
+// drafter's forward itself (its own weights, draft KV cache and graph on the
+// linked ggml) instead of libllama's dflash graph; plain DFlash drafters (no
+// selector) are served (own graph only); state blobs of the own graph hold
+// its own cache format (blob version 4: a blob saved by one graph is refused
+// by an engine on the other, and older blobs are refused).
+#define LLAMA_SPEC_DFLASH2_API_VERSION 9
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -139,6 +145,20 @@ enum llama_spec_dflash2_first_child {
   LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY = 1,
 };
 
+// Which graph computes the drafter's forward pass.
+enum llama_spec_dflash2_draft_graph {
+  // The library's own: it loads the drafter's weights into backend buffers
+  // on the drafter's devices, keeps its own draft KV cache and builds the
+  // drafter's graph (the selector's top-k included) through the linked
+  // ggml. Drafters it does not cover (YaRN rope scaling, a quantized draft
+  // KV type, a libllama that hides the target's tensors) fall back to
+  // libllama's graph, with one log line saying why.
+  LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN = 0,
+  // libllama's `dflash` graph on a draft context libllama creates.
+  // DFlash2 drafters only (plain DFlash drafters need the own graph).
+  LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA = 1,
+};
+
 // A DFlash2 engine bound to one target context (opaque).
 //
 // Threads: different engines (each on its own target context) may be used
@@ -225,6 +245,11 @@ struct llama_spec_dflash2_params {
   // before, so a seed reproduces its output only with 0 (and the greedy
   // walk, whose draft lengths do not depend on timings).
   int32_t adapt_sampled_drafts;
+  // The graph of the drafter's forward, an `enum
+  // llama_spec_dflash2_draft_graph` value; -1 (default) = own. The two
+  // compute the same ops in the same order: on one backend their drafts
+  // are identical.
+  int32_t draft_graph;
 };
 
 // What a DFlash2 drafter checkpoint declares, filled by

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reliability figures of dflash2, re-runnable by anyone: coverage-guided fuzzing
 # (cargo-fuzz / libFuzzer, nightly toolchain) of the GGUF reader, the drafter
-# check, state blobs and API call sequences against the fixture pair; then the
+# check, the drafter loader (engine creation on the own draft graph), state
+# blobs and API call sequences against the fixture pair; then the
 # soak (tests/soak.rs), the Rust and C tests under AddressSanitizer, under
 # UBSan (C) and Rust's overflow / debug-assertion checks, the C tests under
 # valgrind memcheck (scripts/sanitizers.sh asan / ubsan / valgrind),
@@ -43,7 +44,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-[ ${#targets[@]} -gt 0 ] || targets=(gguf_reader checkpoint state_blob api_sequence)
+[ ${#targets[@]} -gt 0 ] || targets=(gguf_reader checkpoint drafter_load state_blob api_sequence)
 
 if ! rustup toolchain list | grep -q '^nightly'; then
     echo "[reliability] installing the nightly toolchain (libFuzzer needs it): rustup toolchain install nightly" >&2
@@ -66,6 +67,9 @@ for t in gguf_reader checkpoint; do
     mkdir -p "$corpus/$t"
     find "$fixtures" -name '*.gguf' -size -256k -exec cp -n {} "$corpus/$t/" \;
 done
+# the drafter loader: the fixture target's own drafters (they load on it)
+mkdir -p "$corpus/drafter_load"
+find "$fixtures" -maxdepth 1 -name 'drafter*.gguf' -size -256k -exec cp -n {} "$corpus/drafter_load/" \;
 max_len=$(find "$corpus/checkpoint" -type f -printf '%s\n' | sort -n | tail -1)
 
 cd fuzz

@@ -94,6 +94,18 @@ bool set_adapt_sampled(dflash2_server_options & opts, const char * v) {
     return true;
 }
 
+bool set_draft_graph(dflash2_server_options & opts, const char * v) {
+    if (std::strcmp(v, "own") == 0) {
+        opts.draft_graph = LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN;
+    } else if (std::strcmp(v, "libllama") == 0) {
+        opts.draft_graph = LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA;
+    } else {
+        fprintf(stderr, "error: --spec-dflash2-draft-graph is own or libllama, got '%s'\n", v);
+        return false;
+    }
+    return true;
+}
+
 const value_option VALUE_OPTIONS[] = {
     { "--spec-dflash2-block-size", "LLAMA_ARG_SPEC_DFLASH2_BLOCK_SIZE", set_block_size },
     { "--spec-dflash2-image-rows", "LLAMA_ARG_SPEC_DFLASH2_IMAGE_ROWS", set_image_rows },
@@ -101,6 +113,7 @@ const value_option VALUE_OPTIONS[] = {
     { "--spec-dflash2-tree",       "LLAMA_ARG_SPEC_DFLASH2_TREE",       set_tree       },
     { "--spec-dflash2-ngram",      "LLAMA_ARG_SPEC_DFLASH2_NGRAM",      set_ngram      },
     { "--spec-dflash2-adapt-sampled", "LLAMA_ARG_SPEC_DFLASH2_ADAPT_SAMPLED", set_adapt_sampled },
+    { "--spec-dflash2-draft-graph", "LLAMA_ARG_SPEC_DFLASH2_DRAFT_GRAPH", set_draft_graph },
 };
 
 } // namespace

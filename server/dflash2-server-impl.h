@@ -24,6 +24,7 @@ struct dflash2_server_options {
     bool    tree_given   = false; // --spec-dflash2-tree was given (else the default budget, which yields where trees do not fit)
     int32_t ngram_branches = -1;  // --spec-dflash2-ngram: n-gram branches per tree (-1: the library's default, 0: none)
     int32_t adapt_sampled  = -1;  // --spec-dflash2-adapt-sampled: sampled drafts adapt to what was measured (-1: default, on)
+    int32_t draft_graph    = -1;  // --spec-dflash2-draft-graph: own or libllama (-1: the library's default, own)
     bool    use_upstream = false;
     bool    init_failed  = false; // dflash2 was asked for and no engine could be created
 

@@ -47,6 +47,7 @@ dflash2::params engine_params(const common_params & params, std::vector<ggml_bac
     p.block_size      = opts.block_size;
     p.ngram_branches  = opts.ngram_branches;
     p.adapt_sampled_drafts = opts.adapt_sampled;
+    p.draft_graph          = opts.draft_graph;
     p.walk            = opts.walk;
     p.image_rows      = opts.image_rows;
     p.type_k          = (int32_t) draft.cache_type_k;

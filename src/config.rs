@@ -1,6 +1,7 @@
 //! The engine's configuration in Rust terms, parsed once from the C params at
 //! the boundary: enums instead of int codes, `Option`s instead of sentinels.
 
+use crate::engine::DraftGraph;
 use crate::error::{Error, Result};
 use crate::params::{
     LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_params,
@@ -61,6 +62,8 @@ pub struct Config {
     /// (`crate::draft_temperature`) rather than the request's temperature,
     /// and sampled trees grow by calibrated acceptance (`crate::calibration`).
     pub adapt_sampled_drafts: bool,
+    /// The graph of the drafter's forward.
+    pub draft_graph: DraftGraph,
 }
 
 impl Default for Config {
@@ -147,6 +150,11 @@ impl Config {
             0 => false,
             t => return Err(Error::invalid(format!("adapt_sampled_drafts = {t} (-1 default = 1 on, 0 off)"))),
         };
+        let draft_graph = match p.draft_graph {
+            -1 | 0 => DraftGraph::Own,
+            1 => DraftGraph::Libllama,
+            g => return Err(Error::invalid(format!("draft_graph = {g} (-1 default = 0 own, 1 libllama)"))),
+        };
         if p.n_threads < 0 || p.n_threads_batch < 0 {
             return Err(Error::invalid("n_threads and n_threads_batch must be >= 0"));
         }
@@ -169,6 +177,7 @@ impl Config {
             ngram_branches,
             first_child,
             adapt_sampled_drafts,
+            draft_graph,
         })
     }
 }

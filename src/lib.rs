@@ -15,6 +15,8 @@ pub mod calibration;
 pub mod checkpoint;
 pub mod config;
 /// cbindgen:ignore
+pub mod draft;
+/// cbindgen:ignore
 pub mod draft_temperature;
 pub mod engine;
 pub mod error;

@@ -54,6 +54,23 @@ pub enum llama_spec_dflash2_first_child {
     LLAMA_SPEC_DFLASH2_FIRST_CHILD_GREEDY = 1,
 }
 
+/// Which graph computes the drafter's forward pass.
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum llama_spec_dflash2_draft_graph {
+    /// The library's own: it loads the drafter's weights into backend buffers
+    /// on the drafter's devices, keeps its own draft KV cache and builds the
+    /// drafter's graph (the selector's top-k included) through the linked
+    /// ggml. Drafters it does not cover (YaRN rope scaling, a quantized draft
+    /// KV type, a libllama that hides the target's tensors) fall back to
+    /// libllama's graph, with one log line saying why.
+    LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN = 0,
+    /// libllama's `dflash` graph on a draft context libllama creates.
+    /// DFlash2 drafters only (plain DFlash drafters need the own graph).
+    LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA = 1,
+}
+
 /// Configuration of a DFlash2 engine. Get it from
 /// `llama_spec_dflash2_default_params()`, change fields, pass it by value.
 #[allow(non_camel_case_types)]
@@ -130,6 +147,11 @@ pub struct llama_spec_dflash2_params {
     /// before, so a seed reproduces its output only with 0 (and the greedy
     /// walk, whose draft lengths do not depend on timings).
     pub adapt_sampled_drafts: i32,
+    /// The graph of the drafter's forward, an `enum
+    /// llama_spec_dflash2_draft_graph` value; -1 (default) = own. The two
+    /// compute the same ops in the same order: on one backend their drafts
+    /// are identical.
+    pub draft_graph: i32,
 }
 
 impl Default for llama_spec_dflash2_params {
@@ -153,6 +175,7 @@ impl Default for llama_spec_dflash2_params {
             ngram_branches: -1,
             first_child: -1,
             adapt_sampled_drafts: -1,
+            draft_graph: -1,
         }
     }
 }
@@ -212,6 +235,8 @@ mod tests {
             (|p| p.first_child = -2, "first_child"),
             (|p| p.adapt_sampled_drafts = 2, "adapt_sampled_drafts"),
             (|p| p.adapt_sampled_drafts = -2, "adapt_sampled_drafts"),
+            (|p| p.draft_graph = 2, "draft_graph"),
+            (|p| p.draft_graph = -2, "draft_graph"),
         ];
         for (mutate, field) in cases {
             let mut p = llama_spec_dflash2_params::default();

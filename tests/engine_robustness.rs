@@ -138,11 +138,12 @@ fn poisoned_state_blobs_are_refused_and_never_break_the_engine() {
     let p = prompt(&target);
     prefill(&mut target, &spec, std::slice::from_ref(&p));
     let clean = state_of(&spec, 0);
-    // the first map entry's target position sits after magic, version,
-    // fingerprint, n_feat and n_in_kv
+    // the first map entry's target position sits after magic, version, draft
+    // graph, fingerprint, n_feat and n_in_kv
+    assert_eq!(u32::from_le_bytes(clean[24..28].try_into().unwrap()) as usize, p.len(), "n_in_kv");
     for poison in [-1i32, i32::MAX, i32::MIN, 1 << 30] {
         let mut blob = clean.clone();
-        blob[24..28].copy_from_slice(&poison.to_le_bytes());
+        blob[28..32].copy_from_slice(&poison.to_le_bytes());
         for _ in 0..3 {
             let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
             assert_eq!(rc, status_code("INVALID_ARGUMENT"), "target position {poison} accepted");
@@ -160,20 +161,27 @@ fn poisoned_state_blobs_are_refused_and_never_break_the_engine() {
     assert_lossless(&mut target, &spec);
 }
 
-/// Where the first cell's position sits in a blob of a sequence of `n_cells`
-/// rows: after dflash2's header (magic, version, fingerprint, n_feat, n_in_kv,
-/// the map, n_queued, the queued rows, n_text, the text, the KV length) comes libllama's sequence
-/// state: u32 magic, i32 seq_id, u32 n_stream, then for sequence 0's stream
-/// u32 cell_count and per cell i32 pos, u32 n_seq_id, i32 seq_id (the pinned
-/// llama.cpp; asserted, so that a change of that layout fails here instead of
-/// poisoning nothing).
+/// Where the draft KV bytes start in a blob of a sequence of `n_cells` rows:
+/// after dflash2's header (magic, version, draft graph, fingerprint, n_feat,
+/// n_in_kv, the map, n_queued, the queued rows, n_text, the text, the KV
+/// length).
+fn kv_bytes_at(blob: &[u8], n_cells: usize) -> usize {
+    let u32_at = |at: usize| u32::from_le_bytes(blob[at..at + 4].try_into().unwrap()) as usize;
+    let n_feat = u32_at(20);
+    assert_eq!(u32_at(24), n_cells, "n_in_kv");
+    let queued_at = 28 + n_cells * 8;
+    let text_at = queued_at + 4 + u32_at(queued_at) * (4 + 4 * n_feat);
+    text_at + 4 + u32_at(text_at) * 8 + 8
+}
+
+/// Where the first cell's position sits in a blob of libllama's graph: its
+/// sequence state is u32 magic, i32 seq_id, u32 n_stream, then for sequence
+/// 0's stream u32 cell_count and per cell i32 pos, u32 n_seq_id, i32 seq_id
+/// (the pinned llama.cpp; asserted, so that a change of that layout fails
+/// here instead of poisoning nothing).
 fn first_cell_pos_at(blob: &[u8], n_cells: usize) -> usize {
     let u32_at = |at: usize| u32::from_le_bytes(blob[at..at + 4].try_into().unwrap()) as usize;
-    let n_feat = u32_at(16);
-    assert_eq!(u32_at(20), n_cells, "n_in_kv");
-    let queued_at = 24 + n_cells * 8;
-    let text_at = queued_at + 4 + u32_at(queued_at) * (4 + 4 * n_feat);
-    let kv = text_at + 4 + u32_at(text_at) * 8 + 8;
+    let kv = kv_bytes_at(blob, n_cells);
     assert_eq!(u32_at(kv + 4), 0, "the saved sequence id");
     assert!(u32_at(kv + 8) >= 1, "n_stream");
     assert_eq!(u32_at(kv + 12), n_cells, "cell_count of sequence 0's stream");
@@ -190,7 +198,9 @@ fn state_blobs_with_cells_libllama_cannot_remove_leave_nothing_behind() {
     let fx = fixtures();
     for n_seq in [1u32, 2] {
         let mut target = Target::new(&fx.target, n_seq, 512 * n_seq, 512);
-        let spec = Spec::new(&target, &fx.drafter, default_params(n_seq));
+        let mut params = default_params(n_seq);
+        params.draft_graph = llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA as i32;
+        let spec = Spec::new(&target, &fx.drafter, params);
         let empty = state_of(&spec, 0);
         let p = prompt(&target);
         let prompts: Vec<Vec<i32>> = (0..n_seq as usize).map(|s| p[..p.len() - s].to_vec()).collect();
@@ -220,5 +230,148 @@ fn state_blobs_with_cells_libllama_cannot_remove_leave_nothing_behind() {
         for (s, w) in streams.iter().zip(&want) {
             assert_eq!(&s.out[..N_GEN], &w[..], "n_seq {n_seq}, sequence {}", s.seq);
         }
+    }
+}
+
+/// Where the first cell's position sits in a blob of the library's own
+/// graph: its cache state is magic "DF2K", format, n_layer, n_embd_kv,
+/// type_k, type_v, n cells (u32 each), then the cells' positions.
+fn own_first_cell_at(blob: &[u8], n_cells: usize) -> usize {
+    let kv = kv_bytes_at(blob, n_cells);
+    assert_eq!(&blob[kv..kv + 4], b"DF2K", "the own cache's magic");
+    assert_eq!(u32::from_le_bytes(blob[kv + 24..kv + 28].try_into().unwrap()) as usize, n_cells, "cells");
+    kv + 28
+}
+
+#[test]
+fn own_graph_state_blobs_with_forged_cells_change_nothing() {
+    // the own cache checks every cell of a blob before it writes one: out of
+    // the cache, repeated or out of order, another cache type or drafter
+    let fx = fixtures();
+    for n_seq in [1u32, 2] {
+        let mut target = Target::new(&fx.target, n_seq, 512 * n_seq, 512);
+        let spec = Spec::new(&target, &fx.drafter, default_params(n_seq));
+        let empty = state_of(&spec, 0);
+        let p = prompt(&target);
+        let prompts: Vec<Vec<i32>> = (0..n_seq as usize).map(|s| p[..p.len() - s].to_vec()).collect();
+        let mut streams = prefill(&mut target, &spec, &prompts);
+        let clean = state_of(&spec, 0);
+        let others: Vec<Vec<u8>> = (1..n_seq as i32).map(|s| state_of(&spec, s)).collect();
+        let at = own_first_cell_at(&clean, p.len());
+        let kv = kv_bytes_at(&clean, p.len());
+        let forgeries: Vec<(usize, u32)> = vec![
+            (at, u32::MAX), // a cell at -1
+            (at, 1 << 30),  // far past the cache
+            (at + 4, 0),    // the second cell repeats the first
+            (at, 5),        // out of order
+            (kv + 16, 0),   // type_k f32 instead of f16
+            (kv + 8, 7),    // another layer count
+        ];
+        for (offset, value) in forgeries {
+            let mut blob = clean.clone();
+            blob[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+            for _ in 0..3 {
+                let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
+                assert_eq!(rc, status_code("INVALID_ARGUMENT"), "a forged blob (byte {offset} = {value}) accepted");
+                assert!(state_of(&spec, 0) == empty, "n_seq {n_seq}: a forged cell stayed: {:?}", spec.info(0));
+                for (s, b) in others.iter().enumerate() {
+                    assert!(state_of(&spec, s as i32 + 1) == *b, "n_seq {n_seq}: sequence {} changed", s + 1);
+                }
+            }
+        }
+        let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, clean.as_ptr(), clean.len()) };
+        assert_eq!(rc, 0, "{}", last_error());
+        let want = greedy_reference(&fx.target, &prompts, N_GEN);
+        generate(&mut target, &spec, &mut streams, N_GEN, 3);
+        for (s, w) in streams.iter().zip(&want) {
+            assert_eq!(&s.out[..N_GEN], &w[..], "n_seq {n_seq}, sequence {}", s.seq);
+        }
+    }
+}
+
+/// Drafted and accepted tokens of a generation on SmolLM2 with the drafter
+/// at `path`; `after_init` runs once the engine exists.
+fn smol_run(path: &std::path::Path, after_init: impl FnOnce()) -> (u64, u64, Vec<i32>) {
+    let target_path = common::smollm2();
+    let mut target = Target::new(&target_path, 1, 1024, 512);
+    let spec = Spec::new(&target, path, default_params(1));
+    after_init();
+    let p = target.tokenize("<|im_start|>user\nList three prime numbers.<|im_end|>\n<|im_start|>assistant\n", false);
+    let mut streams = prefill(&mut target, &spec, std::slice::from_ref(&p));
+    generate(&mut target, &spec, &mut streams, 48, 7);
+    let s = spec.stats();
+    (s.n_drafted, s.n_accepted, streams[0].out.clone())
+}
+
+#[test]
+fn a_drafter_file_truncated_or_rewritten_while_the_engine_runs_changes_nothing() {
+    // the own graph reads the weights into its buffers at init and never
+    // maps the file: a drafter cut or overwritten on disk afterwards neither
+    // crashes the host (a read of a mapped page past a file's end is a
+    // SIGBUS) nor changes a draft
+    let target_path = common::smollm2();
+    let pristine = common::smollm2_drafter(&target_path);
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("faults-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let want = smol_run(&pristine, || {});
+    for fault in ["truncated", "rewritten"] {
+        let copy = dir.join(format!("{fault}.gguf"));
+        std::fs::copy(&pristine, &copy).unwrap();
+        let got = smol_run(&copy, || {
+            let f = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+            if fault == "truncated" {
+                f.set_len(0).unwrap();
+            } else {
+                let len = f.metadata().unwrap().len();
+                use std::os::unix::fs::FileExt;
+                f.write_all_at(&vec![0xa5; len as usize], 0).unwrap();
+            }
+        });
+        assert_eq!(got, want, "{fault}: the same drafts, accepts and output as with the pristine file");
+    }
+    assert!(want.0 > 0, "the engine drafted");
+}
+
+#[test]
+fn drafter_tensors_of_types_the_graph_cannot_use_are_refused_naming_them() {
+    // an i32 matrix or an f16 norm would abort inside ggml's ops: refused at
+    // init with the tensor's name, the host unharmed
+    use dflash2_gguf::{GgufWriter, read};
+    let fx = fixtures();
+    let bytes = std::fs::read(&fx.drafter).unwrap();
+    let g = read(&bytes).unwrap();
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("types-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (victim, ggml_type, elem, needle) in
+        [("blk.0.attn_q.weight", 26u32, 4usize, "i32"), ("blk.0.attn_norm.weight", 1, 2, "f16")]
+    {
+        let mut w = GgufWriter::new();
+        for (key, value) in g.kvs() {
+            w.kv_raw(key, value.value_type(), value.encode());
+        }
+        for t in g.tensors() {
+            let data = &bytes[(g.data_offset + t.offset) as usize..(g.data_offset + t.offset + t.nbytes) as usize];
+            let (ty, data) = if t.name == victim {
+                let n: u64 = t.dims.iter().product();
+                (ggml_type, vec![0u8; n as usize * elem])
+            } else {
+                (t.ggml_type.id, data.to_vec())
+            };
+            w.tensor(dflash2_gguf::TensorData {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ggml_type: ty,
+                bytes: data,
+            })
+            .unwrap();
+        }
+        let path = dir.join(format!("{needle}.gguf"));
+        std::fs::write(&path, w.to_bytes()).unwrap();
+        let target = Target::new(&fx.target, 1, 512, 512);
+        let spec = unsafe { llama_spec_dflash2_init(target.ctx, cstr(&path).as_ptr(), default_params(1)) };
+        assert!(spec.is_null(), "{victim} as {needle} accepted");
+        assert_eq!(llama_spec_dflash2_last_status(), status_code("INVALID_ARGUMENT"));
+        let err = last_error();
+        assert!(err.contains(victim) && err.contains(needle), "{err}");
     }
 }

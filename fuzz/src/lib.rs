@@ -216,15 +216,23 @@ pub struct Host {
 
 impl Host {
     pub fn new() -> Host {
+        Host::with_drafter(&pair().drafter_path).unwrap_or_else(|(_, e)| panic!("init: {e}"))
+    }
+
+    /// A host whose engine loads the drafter at `path`, or init's status and
+    /// message when it refuses.
+    pub fn with_drafter(path: &CStr) -> Result<Host, (i32, String)> {
         let p = pair();
         let target = Target::new(p.model, N_SEQ as u32);
         let mut params = llama_spec_dflash2_default_params();
         params.n_seq = N_SEQ as u32;
         params.n_threads = 1;
         params.n_threads_batch = 1;
-        let spec = unsafe { llama_spec_dflash2_init(target.ctx, p.drafter_path.as_ptr(), params) };
-        assert!(!spec.is_null(), "init: {}", last_error());
-        Host { target, spec, streams: vec![Stream::default(); N_SEQ as usize] }
+        let spec = unsafe { llama_spec_dflash2_init(target.ctx, path.as_ptr(), params) };
+        if spec.is_null() {
+            return Err((llama_spec_dflash2_last_status(), last_error()));
+        }
+        Ok(Host { target, spec, streams: vec![Stream::default(); N_SEQ as usize] })
     }
 
     /// Hands the rows of the last target decode to the engine.

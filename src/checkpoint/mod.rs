@@ -5,7 +5,8 @@
 //! vaguely on others. Everything here reads the file through a bounded GGUF
 //! parser over a memory map and returns a named error instead.
 
-mod keys;
+mod forward;
+pub(crate) mod keys;
 mod target;
 mod tensors;
 
@@ -16,6 +17,7 @@ use dflash2_gguf::{Gguf, read};
 use crate::error::{Error, Result};
 use keys::Keys;
 
+pub use forward::{Activation, Forward, RopeScaling};
 pub use target::{TargetFacts, architecture_captures_layer_inputs, check_target};
 
 /// libllama's LLAMA_MAX_LAYERS.
@@ -24,6 +26,17 @@ const MAX_LAYERS: u32 = 512;
 /// Most tap layers a drafter may read (the C info struct holds this many).
 /// cbindgen:ignore
 pub const MAX_TARGET_LAYERS: usize = 64;
+
+/// Candidates per position the library's own graph ranks for a plain DFlash
+/// drafter (it has no selector of its own): its lattice rows hold each
+/// position's top logits and no edge scores, so the walks pick the argmax
+/// chain and trees branch on the next-best logits.
+/// cbindgen:ignore
+pub const PLAIN_DFLASH_TOP_K: u32 = 8;
+
+/// A plain DFlash drafter without `dflash.block_size` drafts blocks of this
+/// size, as llama.cpp's driver does.
+const PLAIN_DFLASH_BLOCK_SIZE: u32 = 16;
 
 /// The decoder hyperparameters the tensor shapes follow from.
 #[derive(Clone, Debug, PartialEq)]
@@ -36,8 +49,12 @@ pub struct Hparams {
     pub n_ff: Vec<u32>,
     pub n_vocab: u32,
     pub target_layers: Vec<i32>,
+    /// 0 for a plain DFlash drafter (no selector).
     pub selector_rank: u32,
+    /// The drafter's own for DFlash2; `PLAIN_DFLASH_TOP_K` (or fewer where
+    /// n_embd or the head is small) for a plain DFlash drafter.
     pub selector_top_k: u32,
+    /// 0 for a plain DFlash drafter (no convolution).
     pub conv_kernel: u32,
     pub conv_group: u32,
 }
@@ -63,6 +80,10 @@ pub struct Checkpoint {
     pub own_head: bool,
     /// Bytes of all tensor data: what libllama allocates for the weights.
     pub weight_bytes: u64,
+    /// DFlash2 (a selector and convolutions), else a plain DFlash drafter.
+    pub selector: bool,
+    /// What the forward pass computes with besides the shapes.
+    pub forward: Forward,
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -132,9 +153,7 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
     if gguf.tensor("markov_w1.weight").is_some() || keys.u32_opt("dflash.hyper_connection_count")?.unwrap_or(0) > 0 {
         return Err(Error::unsupported("this is a DSpark drafter; dflash2 serves DFlash2 drafters only"));
     }
-    if gguf.tensor("selector_hidden.weight").is_none() {
-        return Err(Error::bad_checkpoint("no 'selector_hidden.weight' tensor: a DFlash (v1) drafter, not DFlash2"));
-    }
+    let selector = gguf.tensor("selector_hidden.weight").is_some();
 
     let n_ctx_train = keys.u32("dflash.context_length")?;
     let n_embd = positive(&keys, "dflash.embedding_length")?;
@@ -194,27 +213,45 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
     }
     let causal = keys.bool_opt("dflash.attention.causal")?.unwrap_or(false);
 
-    let block_size = keys.u32("dflash.block_size")?;
+    let block_size = if selector {
+        keys.u32("dflash.block_size")?
+    } else {
+        keys.u32_opt("dflash.block_size")?.unwrap_or(PLAIN_DFLASH_BLOCK_SIZE)
+    };
     if block_size < 2 {
         return Err(Error::bad_checkpoint(format!(
             "dflash.block_size = {block_size}: a block needs the anchor and at least one mask"
         )));
     }
-    let conv_kernel = positive(&keys, "dflash.conv_kernel_size")?;
-    let conv_group = positive(&keys, "dflash.conv_group_size")?;
-    let selector_rank = positive(&keys, "dflash.selector_rank")?;
-    let selector_top_k = positive(&keys, "dflash.selector_top_k")?;
-    if n_embd % conv_group != 0 {
-        return Err(Error::bad_checkpoint(format!(
-            "n_embd {n_embd} is not a multiple of dflash.conv_group_size {conv_group}"
-        )));
-    }
-    let lattice_width = selector_top_k as u64 * (selector_top_k as u64 + 1);
-    if (n_embd as u64) < lattice_width {
-        return Err(Error::bad_checkpoint(format!(
-            "n_embd {n_embd} cannot hold the selector lattice row of top-k {selector_top_k} ({lattice_width} floats)"
-        )));
-    }
+    let (conv_kernel, conv_group, selector_rank, selector_top_k) = if selector {
+        let conv_kernel = positive(&keys, "dflash.conv_kernel_size")?;
+        let conv_group = positive(&keys, "dflash.conv_group_size")?;
+        let selector_rank = positive(&keys, "dflash.selector_rank")?;
+        let selector_top_k = positive(&keys, "dflash.selector_top_k")?;
+        if n_embd % conv_group != 0 {
+            return Err(Error::bad_checkpoint(format!(
+                "n_embd {n_embd} is not a multiple of dflash.conv_group_size {conv_group}"
+            )));
+        }
+        let lattice_width = selector_top_k as u64 * (selector_top_k as u64 + 1);
+        if (n_embd as u64) < lattice_width {
+            return Err(Error::bad_checkpoint(format!(
+                "n_embd {n_embd} cannot hold the selector lattice row of top-k {selector_top_k} ({lattice_width} \
+                 floats)"
+            )));
+        }
+        (conv_kernel, conv_group, selector_rank, selector_top_k)
+    } else {
+        // the widest k whose lattice row (k candidates + k x k scores) fits n_embd
+        let mut k = PLAIN_DFLASH_TOP_K;
+        while k > 1 && (k as u64) * (k as u64 + 1) > n_embd as u64 {
+            k -= 1;
+        }
+        if (n_embd as u64) < 2 {
+            return Err(Error::bad_checkpoint(format!("n_embd {n_embd} cannot hold a lattice row")));
+        }
+        (0, 0, 0, k)
+    };
 
     let target_layers = keys.i32_array("dflash.target_layers")?;
     if target_layers.is_empty() || target_layers.len() > MAX_TARGET_LAYERS {
@@ -251,7 +288,7 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
         return Err(Error::bad_checkpoint(format!("tokenizer has {n_vocab} tokens")));
     }
     let n_vocab = n_vocab as u32;
-    if selector_top_k > n_vocab {
+    if selector && selector_top_k > n_vocab {
         return Err(Error::bad_checkpoint(format!(
             "dflash.selector_top_k {selector_top_k} exceeds the vocabulary ({n_vocab})"
         )));
@@ -284,12 +321,18 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
         None => n_vocab,
         Some(d2t) => check_d2t(gguf, d2t, bytes, n_vocab)?,
     };
-    tensors::check(gguf, &tensors::expected(&hparams, n_vocab_draft as u64))?;
-    if n_vocab_draft < selector_top_k {
+    let mut hparams = hparams;
+    if !selector {
+        hparams.selector_top_k = hparams.selector_top_k.min(n_vocab_draft).max(1);
+    }
+    tensors::check(gguf, &tensors::expected(&hparams, n_vocab_draft as u64, selector))?;
+    if n_vocab_draft < hparams.selector_top_k {
         return Err(Error::bad_checkpoint(format!(
-            "draft head has {n_vocab_draft} rows, fewer than top-k {selector_top_k}"
+            "draft head has {n_vocab_draft} rows, fewer than top-k {}",
+            hparams.selector_top_k
         )));
     }
+    let forward = forward::read(&keys, &hparams)?;
 
     let own_embd = gguf.tensor("token_embd.weight").is_some();
     let own_head = own_embd || gguf.tensor("output.weight").is_some();
@@ -310,6 +353,8 @@ pub fn validate(gguf: &Gguf, bytes: &[u8]) -> Result<Checkpoint> {
         own_embd,
         own_head,
         weight_bytes: gguf.tensors().iter().map(|t| t.nbytes).sum(),
+        selector,
+        forward,
     })
 }
 
@@ -340,8 +385,19 @@ fn check_d2t(gguf: &Gguf, d2t: &dflash2_gguf::TensorInfo, bytes: &[u8], n_vocab:
     Ok(n as u32)
 }
 
-/// Opens `path` (memory-mapped), parses it and validates it as a DFlash2 drafter.
-pub fn open(path: &Path) -> Result<Checkpoint> {
+/// A drafter file, validated, kept open: its tensors are read from this
+/// handle (the same file even if the path is replaced meanwhile).
+pub struct Opened {
+    pub ckpt: Checkpoint,
+    pub file: std::fs::File,
+    pub tensors: Vec<dflash2_gguf::TensorInfo>,
+    /// Absolute offset of the tensor data section.
+    pub data_offset: u64,
+}
+
+/// Opens `path`, parses its header through a memory map (dropped before
+/// returning) and validates it as a DFlash drafter.
+pub fn open_file(path: &Path) -> Result<Opened> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(format!("cannot open '{}': {e}", path.display())))?;
     let meta = file.metadata().map_err(|e| Error::io(format!("cannot stat '{}': {e}", path.display())))?;
     if !meta.is_file() {
@@ -352,16 +408,31 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
     }
     let map = crate::sys::map_file(&file).map_err(|e| Error::io(format!("cannot map '{}': {e}", path.display())))?;
     let gguf = read(&map).map_err(|e| Error::bad_checkpoint(format!("'{}': {e}", path.display())))?;
-    validate(&gguf, &map).map_err(|e| Error::new(e.status, format!("'{}': {}", path.display(), e.message)))
+    let ckpt =
+        validate(&gguf, &map).map_err(|e| Error::new(e.status, format!("'{}': {}", path.display(), e.message)))?;
+    let (tensors, data_offset) = (gguf.tensors().to_vec(), gguf.data_offset);
+    drop(gguf);
+    drop(map);
+    Ok(Opened { ckpt, file, tensors, data_offset })
 }
 
-/// True when `path` looks like a DFlash2 drafter: a GGUF with architecture
-/// `dflash` and a selector tensor. Reads the header only; no full validation.
+/// Opens `path`, parses it and validates it as a DFlash drafter.
+pub fn open(path: &Path) -> Result<Checkpoint> {
+    open_file(path).map(|o| o.ckpt)
+}
+
+/// True when `path` looks like a drafter this library serves: a GGUF with
+/// architecture `dflash`, DFlash2 (a selector tensor) or plain DFlash, not
+/// DSpark. Reads the header only; no full validation.
 pub fn sniff(path: &Path) -> bool {
     let Ok(file) = std::fs::File::open(path) else { return false };
     let Ok(map) = crate::sys::map_file(&file) else { return false };
     match read(&map) {
-        Ok(g) => g.architecture() == Some("dflash") && g.tensor("selector_hidden.weight").is_some(),
+        Ok(g) => {
+            g.architecture() == Some("dflash")
+                && g.tensor("markov_w1.weight").is_none()
+                && g.get("dflash.hyper_connection_count").and_then(|v| v.as_u32()).unwrap_or(0) == 0
+        }
         Err(_) => false,
     }
 }
@@ -397,6 +468,8 @@ mod tests {
             own_embd: false,
             own_head: true,
             weight_bytes: 12345,
+            selector: true,
+            forward: Forward::default(),
         }
     }
 

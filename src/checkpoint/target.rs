@@ -112,6 +112,8 @@ mod tests {
             own_embd: false,
             own_head: false,
             weight_bytes: 0,
+            selector: true,
+            forward: Default::default(),
         }
     }
 

@@ -22,8 +22,9 @@ fn opt(name: impl Into<String>, dims: &[u64]) -> Expected {
     Expected { name: name.into(), dims: dims.to_vec(), required: false }
 }
 
-/// The tensors of a DFlash2 drafter (dflash arch, selector present, no DSV4 backbone).
-pub fn expected(hp: &Hparams, n_vocab_draft: u64) -> Vec<Expected> {
+/// The tensors of a DFlash drafter (dflash arch, no DSV4 backbone): DFlash2
+/// with `selector` (its convolutions and candidate selector), else plain.
+pub fn expected(hp: &Hparams, n_vocab_draft: u64, selector: bool) -> Vec<Expected> {
     let n_embd = hp.n_embd as u64;
     let n_vocab = hp.n_vocab as u64;
     let rank = hp.selector_rank as u64;
@@ -31,7 +32,7 @@ pub fn expected(hp: &Hparams, n_vocab_draft: u64) -> Vec<Expected> {
     let q_dim = head_dim * hp.n_head as u64;
     let kv_dim = head_dim * hp.n_head_kv as u64;
     let kernel = hp.conv_kernel as u64;
-    let projected = 2 * kernel * (n_embd / hp.conv_group as u64);
+    let projected = if selector { 2 * kernel * (n_embd / hp.conv_group as u64) } else { 0 };
     let n_feat = hp.target_layers.len() as u64 * n_embd;
 
     let mut t = vec![
@@ -43,10 +44,14 @@ pub fn expected(hp: &Hparams, n_vocab_draft: u64) -> Vec<Expected> {
         req("output_norm.weight", &[n_embd]),
         opt("output.weight", &[n_embd, n_vocab_draft]),
         opt("rope_freqs.weight", &[head_dim / 2]),
-        req("selector_predecessor.weight", &[rank, n_vocab]),
-        req("selector_successor.weight", &[rank, n_vocab]),
-        req("selector_hidden.weight", &[n_embd, rank]),
     ];
+    if selector {
+        t.extend([
+            req("selector_predecessor.weight", &[rank, n_vocab]),
+            req("selector_successor.weight", &[rank, n_vocab]),
+            req("selector_hidden.weight", &[n_embd, rank]),
+        ]);
+    }
     for (i, &n_ff) in hp.n_ff.iter().enumerate() {
         let n_ff = n_ff as u64;
         let b = |s: &str| format!("blk.{i}.{s}");
@@ -66,11 +71,15 @@ pub fn expected(hp: &Hparams, n_vocab_draft: u64) -> Vec<Expected> {
             req(b("ffn_gate.weight"), &[n_embd, n_ff]),
             req(b("ffn_down.weight"), &[n_ff, n_embd]),
             req(b("ffn_up.weight"), &[n_embd, n_ff]),
-            req(b("attn_conv_base"), &[n_embd, kernel, 2]),
-            req(b("attn_conv_proj.weight"), &[n_embd, projected]),
-            req(b("ffn_conv_base"), &[n_embd, kernel, 2]),
-            req(b("ffn_conv_proj.weight"), &[n_embd, projected]),
         ]);
+        if selector {
+            t.extend([
+                req(b("attn_conv_base"), &[n_embd, kernel, 2]),
+                req(b("attn_conv_proj.weight"), &[n_embd, projected]),
+                req(b("ffn_conv_base"), &[n_embd, kernel, 2]),
+                req(b("ffn_conv_proj.weight"), &[n_embd, projected]),
+            ]);
+        }
     }
     t
 }

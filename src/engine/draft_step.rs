@@ -7,10 +7,10 @@ use super::sampled::{self, Mode, Walked};
 use super::stats::us_since;
 use super::{Engine, Request};
 use crate::adaptive::Plan;
+use crate::draft::NoiseBlock;
 use crate::error::{Error, Result};
 use crate::log;
 use crate::selector::{Lattice, WalkLimits};
-use crate::sys::DraftContext;
 
 /// A request's noise block in the draft batch.
 #[derive(Clone, Copy)]
@@ -20,21 +20,7 @@ pub(super) struct Block {
     seq: i32,
     /// Draft position of the block's anchor.
     anchor: i32,
-}
-
-/// Noise blocks in (or about to enter) the draft KV: dropping this takes them
-/// out again, on every path out of the draft step.
-struct NoiseBlocks<'a> {
-    ctx: &'a DraftContext,
-    blocks: Vec<Block>,
-}
-
-impl Drop for NoiseBlocks<'_> {
-    fn drop(&mut self) {
-        for b in &self.blocks {
-            self.ctx.seq_rm(b.seq, b.anchor, -1);
-        }
-    }
+    id_last: i32,
 }
 
 impl Engine {
@@ -111,7 +97,7 @@ impl Engine {
             // far cheaper per row than a small injection decode every step
             self.flush()?;
         }
-        let blocks = if width > 0 { self.fill_noise_batch(reqs, &caps, width)? } else { Vec::new() };
+        let blocks = if width > 0 { self.noise_blocks(reqs, &caps, width) } else { Vec::new() };
         let modes = reqs.iter().map(|r| self.mode_of(r, None)).collect::<Result<Vec<Mode>>>()?;
         let drafts = self.decode_and_walk(&caps, &modes, blocks, width)?;
 
@@ -136,14 +122,13 @@ impl Engine {
         Ok(())
     }
 
-    /// Puts [id_last, mask, mask, ...] of `width` rows for every request with
-    /// a cap (`caps[i]` > 0) whose sequence has room into the draft batch, in
+    /// The noise blocks, [id_last, mask, mask, ...] of `width` rows, of every
+    /// request with a cap (`caps[i]` > 0) whose sequence has room, in
     /// sequence order.
-    pub(super) fn fill_noise_batch(&mut self, reqs: &[Request], caps: &[usize], width: usize) -> Result<Vec<Block>> {
+    pub(super) fn noise_blocks(&self, reqs: &[Request], caps: &[usize], width: usize) -> Vec<Block> {
         let mut order: Vec<usize> = (0..reqs.len()).collect();
         order.sort_by_key(|&i| reqs[i].seq);
-        let n_ctx_seq = self.ctx.n_ctx_seq() as i32;
-        self.batch.clear();
+        let n_ctx_seq = self.drafter.n_ctx_seq() as i32;
         let mut blocks = Vec::with_capacity(reqs.len());
         for i in order.into_iter().filter(|&i| caps[i] > 0) {
             let r = reqs[i];
@@ -152,13 +137,9 @@ impl Engine {
                 log::warn(&format!("sequence {}: the draft KV has no room for a block; not drafting", r.seq));
                 continue;
             }
-            for p in 0..width {
-                let token = if p == 0 { r.id_last } else { self.mask_token };
-                self.batch.add_token(r.seq, token, anchor + p as i32)?;
-            }
-            blocks.push(Block { request: i, seq: r.seq, anchor });
+            blocks.push(Block { request: i, seq: r.seq, anchor, id_last: r.id_last });
         }
-        Ok(blocks)
+        blocks
     }
 
     /// Decodes the noise blocks and walks each block's lattice with the
@@ -189,28 +170,33 @@ impl Engine {
     }
 
     /// The one noise-block decode of a draft call, shared by the chain and the
-    /// tree: decodes the blocks (`width` rows each, from `fill_noise_batch`)
-    /// and copies their lattices out (a few KiB: the walks then borrow the
-    /// engine freely). The blocks leave the draft KV before this returns,
-    /// whatever happens.
+    /// tree: decodes the blocks (`width` rows each, from `noise_blocks`) and
+    /// copies their lattices out (a few KiB: the walks then borrow the engine
+    /// freely). The blocks leave the draft KV before this returns, whatever
+    /// happens.
     pub(super) fn decode_noise(&mut self, blocks: Vec<Block>, width: usize) -> Result<NoiseLattices> {
         let mut out = NoiseLattices { blocks: blocks.clone(), rows: Vec::new(), per_block: width * self.n_embd_draft };
         if blocks.is_empty() {
             return Ok(out);
         }
-        let noise = NoiseBlocks { ctx: &self.ctx, blocks };
-
+        let noise: Vec<NoiseBlock> = blocks
+            .iter()
+            .map(|b| NoiseBlock { stream: b.seq as usize, anchor: b.anchor, id_last: b.id_last })
+            .collect();
         let t = Instant::now();
-        let decoded = noise.ctx.decode(&self.batch);
+        let rows = self.drafter.noise(&noise, width, self.mask_token);
         self.stats.t_draft_us += us_since(t);
-        let n_rows = noise.blocks.len() * width;
         if let Some(policy) = self.policy.as_mut() {
-            policy.draft_decode_seen(n_rows, t.elapsed().as_secs_f64());
+            policy.draft_decode_seen(blocks.len() * width, t.elapsed().as_secs_f64());
         }
-        decoded
-            .map_err(|rc| Error::backend(format!("draft noise-block decode failed (llama_process returned {rc})")))?;
-        let rows = noise.ctx.lattice(n_rows).ok_or_else(|| Error::backend("the drafter produced no lattice"))?;
-        out.rows = rows.to_vec();
+        out.rows = rows?;
+        if out.rows.len() != blocks.len() * out.per_block {
+            return Err(Error::internal(format!(
+                "the drafter returned {} lattice floats for {} blocks of {width} rows",
+                out.rows.len(),
+                blocks.len()
+            )));
+        }
         Ok(out)
     }
 }

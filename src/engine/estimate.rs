@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use super::drafter::DraftGraph;
 use super::setup::{context_size, limits, open_drafter};
 use crate::checkpoint::{Checkpoint, TargetFacts};
 use crate::config::Config;
@@ -67,6 +68,24 @@ fn compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, cells: u64, stre
     n_ubatch * per_row + kv_copy
 }
 
+/// The own graph's compute buffers: the larger of its two graphs. An
+/// injection of `n_ubatch` rows holds each row's tap features and their
+/// fusion to n_embd in f32; a noise decode of every sequence's block holds
+/// each row's logits over the head (and the full-vocabulary scatter of a
+/// `d2t` head), its F16 attention mask over the cells and about 32 n_embd-wide
+/// f32 intermediates. Checked against the scheduler's buffers on CPU for the
+/// fixture and SmolLM2 drafters (n_seq 1 and 4, ubatch 64..2048): never
+/// below them; at most 2% above for SmolLM2 (its head or its injections
+/// dominate), up to 45% above for the fixture's tiny head.
+fn own_compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, noise_rows: u64, cells: u64) -> u64 {
+    let hp = &ckpt.hparams;
+    let n_embd = hp.n_embd as u64;
+    let head = ckpt.n_vocab_draft as u64 + if ckpt.n_vocab_draft != hp.n_vocab { hp.n_vocab as u64 } else { 0 };
+    let inject = n_ubatch * (4 * (n_feat + n_embd) + 16);
+    let noise = noise_rows * (4 * head + 2 * cells + 32 * n_embd);
+    inject.max(noise)
+}
+
 /// Estimates what an engine for the drafter at `path` allocates next to a
 /// target with `target` facts whose context has `n_ctx_seq` cells per sequence.
 /// Fails as engine creation would on a bad file, params or target. Without a
@@ -94,13 +113,23 @@ pub fn estimate_for(
     let limits = limits(config, ckpt)?;
     let size = context_size(config, &limits, n_ctx_seq)?;
     let hp = &ckpt.hparams;
-    let (cells, streams) = kv_cells(size.n_ctx_seq as u64, config.n_seq as u64);
     let n_embd_kv = hp.n_head_kv as u64 * hp.head_dim as u64;
     let type_k = config.type_k.unwrap_or(GGML_TYPE_F16);
     let type_v = config.type_v.unwrap_or(GGML_TYPE_F16);
     let kv_row = row_bytes(type_k, n_embd_kv)? + row_bytes(type_v, n_embd_kv)?;
-    let kv = hp.n_layer as u64 * cells * streams * kv_row;
     let n_feat = hp.target_layers.len() as u64 * n_embd_target.unwrap_or(hp.n_embd) as u64;
+    let own = config.draft_graph == DraftGraph::Own
+        && crate::draft::spec::not_covered(ckpt, config.type_k, config.type_v).is_none();
+    if own {
+        // one stream per sequence of exactly the cells asked for
+        let cells = size.n_ctx_seq as u64;
+        let kv = hp.n_layer as u64 * cells * config.n_seq as u64 * kv_row;
+        let noise_rows = (config.n_seq * limits.block_size) as u64;
+        let compute = own_compute_bytes(ckpt, n_feat, size.n_ubatch as u64, noise_rows, cells);
+        return Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute });
+    }
+    let (cells, streams) = kv_cells(size.n_ctx_seq as u64, config.n_seq as u64);
+    let kv = hp.n_layer as u64 * cells * streams * kv_row;
     let quantized_kv = type_k != GGML_TYPE_F16 || type_v != GGML_TYPE_F16;
     let compute = compute_bytes(ckpt, n_feat, size.n_ubatch as u64, cells, streams, quantized_kv);
     Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute })

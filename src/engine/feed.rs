@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::stats::us_since;
 use super::{Engine, Row};
+use crate::draft::InjectRow;
 use crate::error::{Error, Result};
 use crate::positions::MAX_TARGET_POS;
 
@@ -119,9 +120,9 @@ impl Engine {
 
     /// Injects every queued row of every sequence into the draft KV.
     pub(super) fn flush(&mut self) -> Result<()> {
-        let n_ubatch = self.ctx.n_ubatch() as usize;
+        let n_ubatch = self.drafter.n_ubatch() as usize;
         loop {
-            self.batch.clear();
+            let mut rows = Vec::new();
             let mut plan = Vec::new();
             let mut room = n_ubatch;
             for (s, seq) in self.seqs.iter().enumerate() {
@@ -130,7 +131,7 @@ impl Engine {
                     continue;
                 }
                 for (i, pos) in seq.map.pending_draft_positions(n).enumerate() {
-                    self.batch.add_embd(s as i32, seq.queued.row(i), pos)?;
+                    rows.push(InjectRow { stream: s, pos, features: seq.queued.row(i) });
                 }
                 plan.push((s, n));
                 room -= n;
@@ -139,12 +140,7 @@ impl Engine {
                 return Ok(());
             }
             let t = Instant::now();
-            self.ctx.decode(&self.batch).map_err(|rc| {
-                Error::backend(format!(
-                    "draft injection decode failed (llama_process returned {rc}{})",
-                    if rc == 1 { ": the draft KV is full" } else { "" }
-                ))
-            })?;
+            self.drafter.inject(&rows)?;
             self.stats.t_inject_us += us_since(t);
             self.stats.n_inject_decodes += 1;
             for (s, n) in plan {

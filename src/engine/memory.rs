@@ -17,17 +17,17 @@ impl Engine {
         }
     }
 
-    fn apply(&self, seq: usize, edits: &[KvEdit]) -> Result<()> {
+    fn apply(&mut self, seq: usize, edits: &[KvEdit]) -> Result<()> {
         for e in edits {
             match *e {
                 KvEdit::Remove { p0, p1 } => {
-                    if !self.ctx.seq_rm(seq as i32, p0, p1) {
+                    if !self.drafter.seq_rm(seq as i32, p0, p1) {
                         return Err(Error::backend(format!(
                             "the draft KV refused to remove [{p0}, {p1}) of sequence {seq}"
                         )));
                     }
                 }
-                KvEdit::Shift { p0, p1, delta } => self.ctx.seq_add(seq as i32, p0, p1, delta),
+                KvEdit::Shift { p0, p1, delta } => self.drafter.seq_add(seq as i32, p0, p1, delta)?,
             }
         }
         Ok(())
@@ -102,7 +102,7 @@ impl Engine {
         }
         self.remove_range(d, TargetRange::all())?;
         if !self.seqs[s].map.in_kv().is_empty() {
-            self.ctx.seq_cp_all(src, dst);
+            self.drafter.seq_cp_all(src, dst)?;
         }
         let (map, queued, history) =
             (self.seqs[s].map.clone(), self.seqs[s].queued.clone(), self.seqs[s].history.clone());

@@ -12,6 +12,7 @@
 
 mod claim;
 mod draft_step;
+pub mod drafter;
 mod estimate;
 mod feed;
 mod memory;
@@ -35,11 +36,16 @@ use crate::config::{Config, ImageRows, Walk};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::ngram::NgramAcceptance;
-use crate::sys::{Batch, Device, DraftContext, DraftModel, MemoryUse, TargetContext};
+use crate::sys::{Device, MemoryUse, TargetContext};
 
+pub use drafter::{DraftGraph, Drafter};
 pub use estimate::{MemoryEstimate, estimate_memory};
 use sequence::Sequence;
 pub use setup::Limits;
+/// The drafter of an engine without the engine: for the parity checks of
+/// the two draft graphs on the same inputs (tests/draft_graph_parity.rs).
+#[doc(hidden)]
+pub use setup::{Setup, create as create_drafter};
 use stats::Stats;
 pub use tree_step::TreeRequest;
 
@@ -87,16 +93,13 @@ pub struct SeqInfo {
     pub outstanding: Option<usize>,
     pub next_draft_pos: i32,
     pub last_target_pos: Option<i32>,
-    /// Cells of the sequence in the draft KV, from libllama (-1 when empty).
+    /// Cells of the sequence in the draft KV, from its cache (-1 when empty).
     pub kv_pos_min: i32,
     pub kv_pos_max: i32,
 }
 
 pub struct Engine {
-    // drop order: the batch and the context before the model
-    batch: Batch,
-    ctx: DraftContext,
-    model: DraftModel,
+    drafter: Drafter,
     target: TargetContext,
     taps: Vec<u32>,
     n_embd_tgt: usize,
@@ -145,24 +148,24 @@ impl Engine {
         let taps: Vec<u32> = s.ckpt.hparams.target_layers.iter().map(|&l| l as u32).collect();
         let n_embd_tgt = target.n_embd();
         let n_feat = taps.len() * n_embd_tgt;
-        let batch = Batch::new(&s.ctx)?;
         for &lid in &taps {
             target.set_layer_capture(lid, true);
         }
         let decode_marker_at_init = target.decode_marker();
-        let can_shift = s.ctx.can_shift();
+        let can_shift = s.drafter.can_shift();
         log::info(&format!(
-            "drafter '{}': block {} (n_max {}), top-k {}, taps {:?}, {} sequence(s)",
+            "drafter '{}': block {} (n_max {}), top-k {}, taps {:?}, {} sequence(s), {} draft graph",
             path.display(),
             s.limits.block_size,
             s.limits.n_max,
             s.ckpt.hparams.selector_top_k,
             taps,
-            config.n_seq
+            config.n_seq,
+            s.drafter.graph().name()
         ));
         Ok(Engine {
             n_feat,
-            n_embd_draft: s.model.n_embd(),
+            n_embd_draft: s.drafter.n_embd(),
             top_k: s.ckpt.hparams.selector_top_k as usize,
             n_vocab: s.ckpt.hparams.n_vocab as usize,
             mask_token: s.ckpt.mask_token as i32,
@@ -170,9 +173,7 @@ impl Engine {
             can_shift,
             skip_image_rows: config.image_rows == ImageRows::Skip,
             seqs: (0..config.n_seq).map(|_| Sequence::new(n_feat)).collect(),
-            batch,
-            ctx: s.ctx,
-            model: s.model,
+            drafter: s.drafter,
             target,
             taps,
             n_embd_tgt,
@@ -205,26 +206,31 @@ impl Engine {
         self.stats = Stats::default();
     }
 
-    /// What the draft model and context hold, as libllama reports it.
+    /// What the drafter holds: weights, KV cache, compute buffers.
     pub fn memory_use(&self) -> Result<MemoryUse> {
         self.memory_use_on(None)
     }
 
-    /// What the draft context holds on one device (None: on all of them).
+    /// What the drafter holds on one device (None: on all of them).
     pub fn memory_use_on(&self, device: Option<&Device>) -> Result<MemoryUse> {
-        self.ctx
+        self.drafter
             .memory_use(device)
             .ok_or_else(|| Error::backend("libllama could not report the draft context's memory"))
     }
 
     /// The devices the drafter was placed on (empty: the CPU only).
     pub fn draft_devices(&self) -> Vec<Device> {
-        self.model.devices()
+        self.drafter.devices()
     }
 
-    /// Bytes of the drafter's weights (llama_model_size).
+    /// Bytes of the drafter's weights.
     pub fn weight_bytes(&self) -> u64 {
-        self.model.size()
+        self.drafter.weight_bytes()
+    }
+
+    /// The graph that computes the drafter's forward.
+    pub fn draft_graph(&self) -> DraftGraph {
+        self.drafter.graph()
     }
 
     /// Sequences the engine serves (ids 0 .. n_seq-1).
@@ -250,8 +256,8 @@ impl Engine {
             outstanding: q.outstanding.as_ref().map(|o| o.tokens.len()),
             next_draft_pos: q.map.next_draft_pos(),
             last_target_pos: q.last_target_pos(),
-            kv_pos_min: self.ctx.seq_pos_min(seq),
-            kv_pos_max: self.ctx.seq_pos_max(seq),
+            kv_pos_min: self.drafter.seq_pos_min(seq),
+            kv_pos_max: self.drafter.seq_pos_max(seq),
         })
     }
 }

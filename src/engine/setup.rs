@@ -3,15 +3,18 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{self, Checkpoint, TargetFacts};
+use crate::checkpoint::{self, Checkpoint, Opened, TargetFacts};
 use crate::config::Config;
+use crate::draft::{OwnDrafter, OwnSetup};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::{
-    ContextSetup, Device, DraftContext, DraftModel, ModelLoad, TargetContext, ggml_backend_dev_t, registered_devices,
+    Batch, ContextSetup, Device, DraftContext, DraftModel, ModelLoad, TargetContext, TargetHead, ggml_backend_dev_t,
+    registered_devices,
 };
 
+use super::drafter::{DraftGraph, Drafter, LibllamaDrafter};
 use super::estimate::estimate_for;
 use super::placement::{self, Placement, PlacementInput};
 
@@ -85,8 +88,7 @@ fn place_drafter(config: &Config, ckpt: &Checkpoint, target: &TargetContext, n_c
 pub struct Setup {
     pub ckpt: Checkpoint,
     pub limits: Limits,
-    pub model: DraftModel,
-    pub ctx: DraftContext,
+    pub drafter: Drafter,
 }
 
 /// Sizes the draft context needs for these limits.
@@ -115,12 +117,13 @@ pub fn context_size(config: &Config, limits: &Limits, n_ctx_seq_target: u32) -> 
     Ok(ContextSize { n_ctx_seq: n_ctx_seq_target + limits.block_size as u32, n_ubatch })
 }
 
-/// Opens the drafter and checks it against the target and this library.
-/// Opens and checks a drafter, against the target when one is given.
-pub fn open_drafter(path: &Path, target: Option<&TargetFacts>) -> Result<Checkpoint> {
-    let ckpt = checkpoint::open(path)?;
+/// Opens and checks a drafter, against the target when one is given; the
+/// file stays open for loading its tensors.
+pub fn open_drafter_file(path: &Path, target: Option<&TargetFacts>) -> Result<Opened> {
+    let opened = checkpoint::open_file(path)?;
+    let ckpt = &opened.ckpt;
     if let Some(target) = target {
-        checkpoint::check_target(&ckpt, target)?;
+        checkpoint::check_target(ckpt, target)?;
     }
     if ckpt.hparams.n_vocab > MAX_VOCAB {
         return Err(Error::unsupported(format!(
@@ -128,7 +131,44 @@ pub fn open_drafter(path: &Path, target: Option<&TargetFacts>) -> Result<Checkpo
             ckpt.hparams.n_vocab
         )));
     }
-    Ok(ckpt)
+    Ok(opened)
+}
+
+/// Opens and checks a drafter, against the target when one is given.
+pub fn open_drafter(path: &Path, target: Option<&TargetFacts>) -> Result<Checkpoint> {
+    open_drafter_file(path, target).map(|o| o.ckpt)
+}
+
+/// The graph that serves this drafter: the one asked for, except that the
+/// own graph falls back to libllama's (said in one log line) for what it
+/// does not cover; a plain DFlash drafter has only the own graph.
+fn choose_graph(config: &Config, ckpt: &Checkpoint, target: &TargetContext) -> Result<DraftGraph> {
+    if config.draft_graph == DraftGraph::Libllama {
+        if !ckpt.selector {
+            return Err(Error::unsupported(
+                "a plain DFlash drafter (no candidate selector) runs on the library's own draft graph only; \
+                 draft_graph libllama serves DFlash2 drafters",
+            ));
+        }
+        return Ok(DraftGraph::Libllama);
+    }
+    let why_not = crate::draft::spec::not_covered(ckpt, config.type_k, config.type_v).or_else(|| {
+        let reads_target = !(ckpt.own_embd && ckpt.own_head);
+        match TargetHead::find(target) {
+            Err(e) if reads_target => Some(e.message),
+            _ => None,
+        }
+    });
+    match why_not {
+        None => Ok(DraftGraph::Own),
+        Some(why) if ckpt.selector => {
+            log::warn(&format!("draft graph: libllama's, not the library's own: {why}"));
+            Ok(DraftGraph::Libllama)
+        }
+        Some(why) => {
+            Err(Error::unsupported(format!("a plain DFlash drafter needs the library's own draft graph: {why}")))
+        }
+    }
 }
 
 pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Setup> {
@@ -140,11 +180,45 @@ pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Se
             target.n_seq_max()
         )));
     }
-    let ckpt = open_drafter(path, Some(&target.facts()))?;
-    let limits = limits(config, &ckpt)?;
-    let placement = place_drafter(config, &ckpt, target, target.n_ctx_seq())?;
+    let opened = open_drafter_file(path, Some(&target.facts()))?;
+    let ckpt = &opened.ckpt;
+    let limits = limits(config, ckpt)?;
+    let placement = place_drafter(config, ckpt, target, target.n_ctx_seq())?;
     let size = context_size(config, &limits, target.n_ctx_seq())?;
+    let (_, tgt_threads_batch) = target.n_threads();
 
+    let drafter = match choose_graph(config, ckpt, target)? {
+        DraftGraph::Own => Drafter::Own(Box::new(OwnDrafter::new(
+            &opened,
+            &OwnSetup {
+                target,
+                layers: &placement.layers,
+                head: placement.head.as_ref(),
+                n_gpu_layers: config.n_gpu_layers,
+                type_k: config.type_k,
+                type_v: config.type_v,
+                n_cells: size.n_ctx_seq,
+                n_seq: config.n_seq,
+                n_ubatch: size.n_ubatch,
+                // every decode of the drafter is a batch of rows
+                n_threads: config.n_threads_batch.unwrap_or(tgt_threads_batch),
+            },
+        )?)),
+        DraftGraph::Libllama => Drafter::Libllama(libllama_drafter(path, config, ckpt, target, &placement, &size)?),
+    };
+    Ok(Setup { ckpt: opened.ckpt, limits, drafter })
+}
+
+/// The drafter on libllama's `dflash` graph: a model and context libllama
+/// creates, the target as its ctx_other.
+fn libllama_drafter(
+    path: &Path,
+    config: &Config,
+    ckpt: &Checkpoint,
+    target: &TargetContext,
+    placement: &Placement,
+    size: &ContextSize,
+) -> Result<LibllamaDrafter> {
     let devices: Vec<ggml_backend_dev_t> = placement.layers.iter().map(|d| d.dev).collect();
     let model = DraftModel::load(
         path,
@@ -182,5 +256,6 @@ pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Se
         },
     )?;
     ctx.configure(ckpt.causal);
-    Ok(Setup { ckpt, limits, model, ctx })
+    let batch = Batch::new(&ctx)?;
+    Ok(LibllamaDrafter { batch, ctx, model, sliding_window: ckpt.n_swa > 0 })
 }

@@ -3,11 +3,13 @@
 //! (libllama's own sequence state), behind a header that ties it to the
 //! drafter it came from. Sizes follow the sequence, not the context.
 //!
-//! Layout (little endian): magic "DF2S", u32 version, u64 drafter fingerprint,
-//! u32 n_feat, u32 n_in_kv, n_in_kv x (i32 target, i32 draft), u32 n_queued,
+//! Layout (little endian): magic "DF2S", u32 version, u32 draft graph (0: the
+//! library's own, 1: libllama's: their KV bytes differ), u64 drafter
+//! fingerprint, u32 n_feat, u32 n_in_kv, n_in_kv x (i32 target, i32 draft), u32 n_queued,
 //! n_queued x i32 target, n_queued x n_feat f32, u32 n_text, n_text x (i32
 //! target, i32 token), u64 kv length, kv bytes.
 
+use super::drafter::DraftGraph;
 use super::row_queue::RowQueue;
 use crate::error::{Error, Result};
 use crate::ngram::TokenHistory;
@@ -16,7 +18,8 @@ use crate::positions::{Entry, MAX_TARGET_POS, SeqMap};
 const MAGIC: &[u8; 4] = b"DF2S";
 /// 2: the drafter fingerprint is computed from explicit checkpoint fields.
 /// 3: the sequence's text (its committed tokens by position).
-const VERSION: u32 = 3;
+/// 4: the draft graph that wrote the KV bytes.
+const VERSION: u32 = 4;
 
 /// A decoded blob; `kv` borrows from the input.
 #[derive(Debug)]
@@ -29,11 +32,29 @@ pub struct Decoded<'a> {
 
 /// Bytes of the header and map for a sequence (without the KV bytes).
 pub fn header_len(map: &SeqMap, queued: &RowQueue, history: &TokenHistory) -> usize {
-    4 + 4 + 8 + 4 + 4 + map.in_kv().len() * 8 + 4 + queued.len() * (4 + 4 * queued.n_feat()) + 4 + history.len() * 8 + 8
+    4 + 4
+        + 4
+        + 8
+        + 4
+        + 4
+        + map.in_kv().len() * 8
+        + 4
+        + queued.len() * (4 + 4 * queued.n_feat())
+        + 4
+        + history.len() * 8
+        + 8
 }
 
 /// Writes everything before the KV bytes; the caller appends `kv_len` bytes.
+fn graph_code(graph: DraftGraph) -> u32 {
+    match graph {
+        DraftGraph::Own => 0,
+        DraftGraph::Libllama => 1,
+    }
+}
+
 pub fn encode_header(
+    graph: DraftGraph,
     fingerprint: u64,
     map: &SeqMap,
     queued: &RowQueue,
@@ -44,6 +65,7 @@ pub fn encode_header(
     let mut b = Vec::with_capacity(header_len(map, queued, history));
     b.extend_from_slice(MAGIC);
     b.extend_from_slice(&VERSION.to_le_bytes());
+    b.extend_from_slice(&graph_code(graph).to_le_bytes());
     b.extend_from_slice(&fingerprint.to_le_bytes());
     b.extend_from_slice(&(n_feat as u32).to_le_bytes());
     b.extend_from_slice(&(map.in_kv().len() as u32).to_le_bytes());
@@ -108,14 +130,26 @@ impl<'a> Reader<'a> {
 /// rows in range, after the map's rows, never going back), so a forged blob
 /// cannot plant positions process() would refuse. `dense`: the engine's draft
 /// cache shifts, so its draft positions run 0, 1, 2, ... without gaps.
-pub fn decode(bytes: &[u8], fingerprint: u64, n_feat: usize, dense: bool) -> Result<Decoded<'_>> {
+pub fn decode(bytes: &[u8], graph: DraftGraph, fingerprint: u64, n_feat: usize, dense: bool) -> Result<Decoded<'_>> {
     let mut r = Reader { b: bytes };
     if r.take(4)? != MAGIC {
         return Err(Error::invalid("not a dflash2 sequence state (bad magic)"));
     }
     let version = r.u32()?;
     if version != VERSION {
-        return Err(Error::invalid(format!("state blob version {version}, this library reads {VERSION}")));
+        return Err(Error::invalid(format!(
+            "state blob version {version}, this library reads {VERSION} (blobs of older versions hold no draft \
+             graph: save the sequence again)"
+        )));
+    }
+    let blob_graph = r.u32()?;
+    if blob_graph != graph_code(graph) {
+        let other = if blob_graph == graph_code(DraftGraph::Own) { "the library's own" } else { "libllama's" };
+        return Err(Error::incompatible(format!(
+            "state blob was saved by an engine on {other} draft graph (its draft KV bytes are that cache's); this \
+             engine runs the {} graph",
+            graph.name()
+        )));
     }
     if r.u64()? != fingerprint {
         return Err(Error::incompatible("state blob was saved with a different drafter"));
@@ -176,7 +210,7 @@ mod tests {
 
     fn blob(kv: &[u8]) -> Vec<u8> {
         let (m, q, h) = sample();
-        let mut b = encode_header(42, &m, &q, &h, kv.len());
+        let mut b = encode_header(DraftGraph::Own, 42, &m, &q, &h, kv.len());
         assert_eq!(b.len(), header_len(&m, &q, &h));
         b.extend_from_slice(kv);
         b
@@ -185,7 +219,7 @@ mod tests {
     #[test]
     fn round_trips() {
         let b = blob(&[9, 9, 9]);
-        let d = decode(&b, 42, 2, true).unwrap();
+        let d = decode(&b, DraftGraph::Own, 42, 2, true).unwrap();
         assert_eq!(d.map, sample().0);
         assert_eq!(d.queued, sample().1);
         assert_eq!(d.history, sample().2);
@@ -196,32 +230,43 @@ mod tests {
     fn a_text_out_of_position_order_is_refused() {
         let (m, q, _) = sample();
         let h = TokenHistory::from_rows(vec![(0, 11), (5, 12)]).unwrap();
-        let mut b = encode_header(42, &m, &q, &h, 0);
+        let mut b = encode_header(DraftGraph::Own, 42, &m, &q, &h, 0);
         // the second text row's position, just before the kv length
         let at = b.len() - 8 - 8;
         b[at..at + 4].copy_from_slice(&0i32.to_le_bytes());
-        assert!(decode(&b, 42, 2, true).unwrap_err().message.contains("text"));
+        assert!(decode(&b, DraftGraph::Own, 42, 2, true).unwrap_err().message.contains("text"));
     }
 
     #[test]
     fn another_drafter_or_a_cut_blob_is_refused() {
         let b = blob(&[9, 9, 9]);
-        assert!(decode(&b, 43, 2, true).unwrap_err().message.contains("different drafter"));
-        assert!(decode(&b, 42, 3, true).is_err());
+        assert!(decode(&b, DraftGraph::Own, 43, 2, true).unwrap_err().message.contains("different drafter"));
+        assert!(decode(&b, DraftGraph::Own, 42, 3, true).is_err());
         for cut in 0..b.len() {
-            assert!(decode(&b[..cut], 42, 2, true).is_err(), "cut {cut}");
+            assert!(decode(&b[..cut], DraftGraph::Own, 42, 2, true).is_err(), "cut {cut}");
         }
         let mut long = b.clone();
         long.push(0);
-        assert!(decode(&long, 42, 2, true).is_err());
+        assert!(decode(&long, DraftGraph::Own, 42, 2, true).is_err());
+    }
+
+    #[test]
+    fn a_blob_of_the_other_draft_graph_or_version_is_refused() {
+        let b = blob(&[9, 9, 9]);
+        let err = decode(&b, DraftGraph::Libllama, 42, 2, true).unwrap_err();
+        assert!(err.message.contains("the library's own draft graph"), "{}", err.message);
+        let mut old = b.clone();
+        old[4..8].copy_from_slice(&3u32.to_le_bytes());
+        let err = decode(&old, DraftGraph::Own, 42, 2, true).unwrap_err();
+        assert!(err.message.contains("version 3"), "{}", err.message);
     }
 
     #[test]
     fn huge_counts_are_refused_before_allocating() {
         let mut b = blob(&[]);
-        // n_in_kv sits after magic, version, fingerprint, n_feat
-        b[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode(&b, 42, 2, true).is_err());
+        // n_in_kv sits after magic, version, graph, fingerprint, n_feat
+        b[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(decode(&b, DraftGraph::Own, 42, 2, true).is_err());
     }
 
     #[test]
@@ -230,13 +275,13 @@ mod tests {
             let mut m = SeqMap::default();
             let targets: Vec<i32> = in_kv.iter().map(|e| e.0).collect();
             m.inject(&targets);
-            let mut b = encode_header(42, &m, &RowQueue::new(2), &TokenHistory::default(), 0);
+            let mut b = encode_header(DraftGraph::Own, 42, &m, &RowQueue::new(2), &TokenHistory::default(), 0);
             // rewrite the entries as forged, then append the queued rows
             for (i, &(t, d)) in in_kv.iter().enumerate() {
-                b[24 + i * 8..28 + i * 8].copy_from_slice(&t.to_le_bytes());
-                b[28 + i * 8..32 + i * 8].copy_from_slice(&d.to_le_bytes());
+                b[28 + i * 8..32 + i * 8].copy_from_slice(&t.to_le_bytes());
+                b[32 + i * 8..36 + i * 8].copy_from_slice(&d.to_le_bytes());
             }
-            let at = 24 + in_kv.len() * 8;
+            let at = 28 + in_kv.len() * 8;
             b.truncate(at);
             b.extend_from_slice(&(queued.len() as u32).to_le_bytes());
             for t in queued {
@@ -247,7 +292,7 @@ mod tests {
             b.extend_from_slice(&0u64.to_le_bytes());
             b
         };
-        assert!(decode(&forge(&[(0, 0), (1, 1)], &[2]), 42, 2, true).is_ok());
+        assert!(decode(&forge(&[(0, 0), (1, 1)], &[2]), DraftGraph::Own, 42, 2, true).is_ok());
         for (in_kv, queued) in [
             (vec![(-1, 0)], vec![]),
             (vec![(i32::MAX, 0)], vec![]),
@@ -259,9 +304,9 @@ mod tests {
             (vec![(0, 0)], vec![-1]),
             (vec![(0, 0)], vec![MAX_TARGET_POS]),
         ] {
-            assert!(decode(&forge(&in_kv, &queued), 42, 2, true).is_err(), "{in_kv:?} {queued:?}");
+            assert!(decode(&forge(&in_kv, &queued), DraftGraph::Own, 42, 2, true).is_err(), "{in_kv:?} {queued:?}");
         }
         // a cache that cannot shift keeps gaps
-        assert!(decode(&forge(&[(0, 0), (1, 2)], &[]), 42, 2, false).is_ok());
+        assert!(decode(&forge(&[(0, 0), (1, 2)], &[]), DraftGraph::Own, 42, 2, false).is_ok());
     }
 }

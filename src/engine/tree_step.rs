@@ -175,7 +175,7 @@ impl Engine {
         if width > 0 {
             self.flush()?;
         }
-        let blocks = if width > 0 { self.fill_noise_batch(&chain, &caps, width)? } else { Vec::new() };
+        let blocks = if width > 0 { self.noise_blocks(&chain, &caps, width) } else { Vec::new() };
         let n_vocab = self.n_vocab;
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();

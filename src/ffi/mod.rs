@@ -42,6 +42,6 @@ pub use tree::*;
 // The C-visible types and constants defined next to the code that uses them.
 pub use crate::error::llama_spec_dflash2_status;
 pub use crate::params::{
-    LLAMA_SPEC_DFLASH2_MAX_DRAFT, LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_first_child,
-    llama_spec_dflash2_image_rows, llama_spec_dflash2_params, llama_spec_dflash2_walk,
+    LLAMA_SPEC_DFLASH2_MAX_DRAFT, LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_draft_graph,
+    llama_spec_dflash2_first_child, llama_spec_dflash2_image_rows, llama_spec_dflash2_params, llama_spec_dflash2_walk,
 };

@@ -9,12 +9,15 @@ mod bindings {
 
 mod device;
 mod draft;
+pub mod ggml;
+mod head;
 mod model;
 mod target;
 
 pub use bindings::*;
 pub use device::{Device, DeviceKind, registered_devices};
 pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, MemoryUse, ModelLoad};
+pub use head::TargetHead;
 pub use model::target_facts;
 pub use target::{TargetContext, TreeRoom};
 
@@ -28,6 +31,12 @@ unsafe extern "C" {
     pub fn dflash2_shim_model_n_devices(model: *const llama_model) -> i32;
     pub fn dflash2_shim_model_get_device(model: *const llama_model, i: i32) -> ggml_backend_dev_t;
     pub fn dflash2_shim_model_dev_output(model: *const llama_model) -> ggml_backend_dev_t;
+    pub fn dflash2_shim_model_tensors(
+        model: *const llama_model,
+        name: *const std::ffi::c_char,
+        out: *mut *mut ggml_tensor,
+        n_out: i32,
+    ) -> i32;
     pub fn dflash2_shim_memory_breakdown(
         ctx: *const llama_context,
         dev: ggml_backend_dev_t,

@@ -90,6 +90,8 @@ const char * host_args_usage() {
            "  --adapt-sampled on|off  whether dflash2's sampled drafts adapt to what it measured: the draft\n"
            "                    temperature (unless --draft-temp sets it) and sampled trees' calibrated growth\n"
            "                    (default on; off: a seed reproduces its output)\n"
+           "  --draft-graph G   the graph of dflash2's drafter: own (default: the library's own weights, draft KV\n"
+           "                    cache and graph on the linked ggml) or libllama (libllama's dflash graph)\n"
            "  --ngram-branches N  n-gram branches (continuations of the text's own earlier occurrences) per\n"
            "                    dflash2 tree draft (default: the library's, 2; 0: none)\n"
            "  --first-child F   how dflash2's sampled trees choose each node's first child: drawn (from q like\n"
@@ -174,6 +176,12 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
                 throw std::runtime_error(flag + " takes on or off, not '" + v + "'");
             }
             a.params.adapt_sampled = v == "on" ? 1 : 0;
+        } else if (flag == "--draft-graph") {
+            const std::string v = value();
+            if (v != "own" && v != "libllama") {
+                throw std::runtime_error(flag + " takes own or libllama, not '" + v + "'");
+            }
+            a.params.draft_graph = v == "own" ? LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN : LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA;
         } else if (flag == "-ctk" || flag == "--cache-type-k") {
             a.params.cache_type_k = to_cache_type(flag, value());
         } else if (flag == "-ctv" || flag == "--cache-type-v") {

@@ -16,6 +16,7 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
     params.ngram_branches  = hp.ngram_branches;
     params.first_child     = hp.first_child;
     params.adapt_sampled_drafts = hp.adapt_sampled;
+    params.draft_graph          = hp.draft_graph;
     return params;
 }
 

@@ -46,6 +46,7 @@ struct host_params {
     int32_t seed      = 0;    // sampling seed (of the first prompt; prompt i uses seed + i)
     float   draft_temp = -1.0f; // dflash2's sampled draft temperature (-1: the library's; HOST_DRAFT_TEMP_TEMP: temp)
     int32_t adapt_sampled = -1; // dflash2's params.adapt_sampled_drafts (-1: its default, on; 0: off)
+    int32_t draft_graph   = -1; // dflash2's params.draft_graph (-1: its default, own; 0 own; 1 libllama)
     int32_t top_k = 0;    // the target sampler's truncation (0 / 1 / 0: off), before the temperature
     float   top_p = 1.0f;
     float   min_p = 0.0f;

@@ -1,0 +1,465 @@
+//! The library's own draft forward: the drafter's weights in backend buffers
+//! on the placement's devices, its draft KV cache, and its graphs built and
+//! run through the ggml C API of the linked build (a `ggml_backend_sched`
+//! over the drafter's devices, the target head's device and the CPU).
+//!
+//! What libllama computes: the target's forward (and its tap features). What
+//! this module computes: everything of the drafter's, the selector's top-k
+//! and edge scores included, on the target's token embeddings and head where
+//! they are. libllama's `dflash` graph stays selectable
+//! (`engine::drafter`).
+//!
+//! - `spec`: shapes and constants; which drafters this graph covers;
+//! - `weights`, `names`: the weights and their roles;
+//! - `kv`: the cache; `batch`: a decode's host-side inputs;
+//! - `graph`, `conv`, `lattice`: the graphs;
+//! - `state`: a sequence's cells in state blobs.
+
+mod batch;
+mod conv;
+mod graph;
+mod kv;
+mod lattice;
+mod names;
+pub mod spec;
+mod state;
+mod weights;
+
+use crate::checkpoint::Opened;
+use crate::error::{Error, Result};
+use crate::log;
+use crate::sys::ggml::{Backend, GraphCtx, Sched};
+use crate::sys::{
+    Device, DeviceKind, GGML_TYPE_F16, GGML_TYPE_F32, MemoryUse, TargetContext, TargetHead, ggml_backend_dev_t,
+    ggml_type,
+};
+
+use batch::{InjectInputs, NoiseInputs};
+pub use batch::{InjectRow, NoiseBlock};
+use graph::{Net, TargetHead as HeadTensors};
+use kv::KvCache;
+use names::ModelIds;
+use spec::Spec;
+use weights::{Slot, Weights};
+
+/// How to build an own-graph drafter.
+pub struct OwnSetup<'a> {
+    pub target: &'a TargetContext,
+    /// Devices for the drafter's layers and KV (empty: the CPU).
+    pub layers: &'a [Device],
+    /// The target head's device when it is not one of `layers`.
+    pub head: Option<&'a Device>,
+    /// Layers to offload (None: all), as llama_model_params.n_gpu_layers.
+    pub n_gpu_layers: Option<u32>,
+    pub type_k: Option<u32>,
+    pub type_v: Option<u32>,
+    /// Cells per sequence.
+    pub n_cells: u32,
+    pub n_seq: usize,
+    /// Rows of the largest injection decode.
+    pub n_ubatch: u32,
+    /// Threads of decodes of many rows (all of the drafter's).
+    pub n_threads: i32,
+}
+
+/// The drafter with its own graph.
+pub struct OwnDrafter {
+    // drop order: the scheduler (its buffers back graphs over the tensors
+    // below) first, then the cache and weights
+    sched: Sched,
+    kv: KvCache,
+    weights: Weights,
+    ids: ModelIds,
+    spec: Spec,
+    head: TargetHead,
+    mask_token: i32,
+    flash_attn: bool,
+    n_threads: i32,
+    n_ubatch: u32,
+    /// The devices besides the CPU the drafter runs on: its layers', and the
+    /// target head's when the drafter reads it elsewhere (empty: the CPU only).
+    devices: Vec<Device>,
+}
+
+/// Tensors and nodes a graph of `n_blocks` noise blocks may create: a layer
+/// of DFlash2 makes about 110 nodes and 10 more per attention run, the head
+/// and lattice about 60; the margin is wide because ggml aborts past it.
+fn graph_capacity(n_layer: usize, n_blocks: usize) -> usize {
+    1024 + n_layer * (256 + 24 * n_blocks.max(1))
+}
+
+/// Which device holds layer `il` (None: the CPU) with `n_gpu_layers` of
+/// `n_layer` offloaded to `devices` (libllama's rule: the last layers go,
+/// split evenly in order).
+fn layer_device(il: usize, n_layer: usize, n_gpu_layers: Option<u32>, devices: &[Device]) -> Option<usize> {
+    if devices.is_empty() {
+        return None;
+    }
+    let ngl = n_gpu_layers.map_or(n_layer + 1, |n| n as usize);
+    let start = (n_layer + 1).saturating_sub(ngl);
+    if il < start {
+        return None;
+    }
+    let span = (n_layer - start).max(1);
+    Some(((il - start) * devices.len() / span).min(devices.len() - 1))
+}
+
+impl OwnDrafter {
+    pub fn new(opened: &Opened, setup: &OwnSetup) -> Result<OwnDrafter> {
+        let ckpt = &opened.ckpt;
+        let spec = Spec::new(ckpt, setup.target.n_embd());
+        let cpu = Backend::cpu()?;
+        let cpu_dev = cpu.describe();
+        let dev_of_layer = |il: usize| {
+            layer_device(il, spec.n_layer, setup.n_gpu_layers, setup.layers)
+                .map_or_else(|| cpu_dev.clone(), |d| setup.layers[d].clone())
+        };
+        let ngl_all = setup.n_gpu_layers.is_none_or(|n| n as usize > spec.n_layer);
+        let output_dev = if ngl_all {
+            setup.layers.last().cloned().unwrap_or_else(|| cpu_dev.clone())
+        } else {
+            dev_of_layer(spec.n_layer - 1)
+        };
+        let device_of = |slot: Slot| match slot {
+            Slot::Input => cpu_dev.clone(),
+            Slot::Fusion => dev_of_layer(0),
+            Slot::Layer(il) => dev_of_layer(il),
+            Slot::Output => output_dev.clone(),
+        };
+        let weights = Weights::load(&opened.file, opened.data_offset, &opened.tensors, device_of)?;
+        let ids = ModelIds::resolve(&weights, spec.n_layer, ckpt.selector)?;
+        let head = TargetHead::find(setup.target)?;
+        let types: (ggml_type, ggml_type) =
+            (setup.type_k.unwrap_or(GGML_TYPE_F16), setup.type_v.unwrap_or(GGML_TYPE_F16));
+        let kv =
+            KvCache::new(spec.n_layer, spec.n_embd_kv(), setup.n_cells as usize, setup.n_seq, types, dev_of_layer)?;
+
+        // backends: every device that holds a weight, the cache or a target
+        // tensor the graph reads; the CPU last, as the scheduler requires
+        let head_devices = [
+            ids.tok_embd.is_none().then(|| head.tok_embd().device()).flatten(),
+            ids.output.is_none().then(|| head.output().device()).flatten(),
+        ];
+        let mut devices: Vec<Device> = Vec::new();
+        for d in setup.layers.iter().chain(setup.head).cloned().chain(head_devices.into_iter().flatten()) {
+            if d.kind != DeviceKind::Cpu && !devices.iter().any(|x| x.dev == d.dev) {
+                devices.push(d);
+            }
+        }
+        let mut backends = devices.iter().map(Backend::new).collect::<Result<Vec<_>>>()?;
+        let sched_devices = devices;
+        backends.push(cpu);
+        let capacity = graph_capacity(spec.n_layer, setup.n_seq);
+        let sched = Sched::new(backends, capacity)?;
+        let mut drafter = OwnDrafter {
+            sched,
+            kv,
+            weights,
+            ids,
+            spec,
+            head,
+            mask_token: ckpt.mask_token as i32,
+            flash_attn: true,
+            n_threads: setup.n_threads.max(1),
+            n_ubatch: setup.n_ubatch,
+            devices: sched_devices,
+        };
+        drafter.flash_attn = drafter.layers_support_flash_attn()?;
+        drafter.reserve(setup.n_seq, ckpt.block_size as usize)?;
+        log::info(&format!(
+            "draft graph: the library's own ({} layers, {}, flash attention {}, weights {:.1} MiB, KV {:.1} MiB)",
+            drafter.spec.n_layer,
+            if drafter.spec.selector.is_some() { "DFlash2" } else { "plain DFlash" },
+            if drafter.flash_attn { "on" } else { "off" },
+            drafter.weights.bytes() as f64 / (1 << 20) as f64,
+            drafter.kv.bytes_on(None) as f64 / (1 << 20) as f64,
+        ));
+        Ok(drafter)
+    }
+
+    /// Whether every layer's device runs ggml's fused attention on this
+    /// cache's types (libllama's auto flash attention decides the same way).
+    fn layers_support_flash_attn(&self) -> Result<bool> {
+        let g = GraphCtx::new(16)?;
+        let s = &self.spec;
+        let q = g.new_tensor(GGML_TYPE_F32, &[s.head_dim, 1, s.n_head, 1]);
+        let k = g.new_tensor(self.kv.k(0).ty(), &[s.head_dim, 256, s.n_head_kv, 1]);
+        let v = g.new_tensor(self.kv.v(0).ty(), &[s.head_dim, 256, s.n_head_kv, 1]);
+        let mask = g.new_tensor(GGML_TYPE_F16, &[256, 1, 1, 1]);
+        let fa = g.flash_attn(q, k, v, mask, s.kq_scale, None);
+        let devices: Vec<ggml_backend_dev_t> =
+            (0..s.n_layer).filter_map(|il| self.kv.k(il).device()).map(|d| d.dev).collect();
+        Ok(self.sched.backends().iter().filter(|b| devices.contains(&b.device())).all(|b| b.supports(fa)))
+    }
+
+    /// Allocates the compute buffers of the largest graphs once: a noise
+    /// decode of every sequence over full caches, an injection of n_ubatch rows.
+    fn reserve(&mut self, n_seq: usize, block: usize) -> Result<()> {
+        let blocks: Vec<NoiseBlock> = (0..n_seq)
+            .map(|s| NoiseBlock { stream: s, anchor: (self.kv.n_cells - block) as i32, id_last: 0 })
+            .collect();
+        let inputs = NoiseInputs::new(&blocks, block, self.mask_token, &self.spec, &self.kv)?;
+        {
+            let g = GraphCtx::new(graph_capacity(self.spec.n_layer, n_seq))?;
+            let OwnDrafter { sched, .. } = self;
+            let net = net(&g, &self.weights, &self.ids, &self.spec, &self.kv, &self.head, self.flash_attn);
+            net.noise(&inputs);
+            sched.reserve(&g)?;
+        }
+        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
+        let net = net(&g, &self.weights, &self.ids, &self.spec, &self.kv, &self.head, self.flash_attn);
+        net.inject(self.n_ubatch.max(1) as i64);
+        self.sched.reserve(&g)
+    }
+
+    /// Runs a built graph: allocates it, lets `fill` write its inputs, computes.
+    fn run(sched: &mut Sched, g: &GraphCtx, n_threads: i32, fill: impl FnOnce() -> Result<()>) -> Result<()> {
+        sched.alloc(g)?;
+        fill()?;
+        for b in sched.backends() {
+            b.set_threads(n_threads);
+        }
+        sched.compute(g)
+    }
+
+    /// Injects rows of tap features into the cache at their positions.
+    pub fn inject(&mut self, rows: &[InjectRow]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let inputs = InjectInputs::new(rows, &self.spec, &self.kv)?;
+        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
+        let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
+        let inp = net.inject(rows.len() as i64);
+        Self::run(sched, &g, *n_threads, || {
+            inp.features.expect("an injection graph reads features").write(0, &inputs.features)?;
+            inp.positions.write(0, &inputs.positions)?;
+            inp.cells.write(0, &inputs.cells)
+        })?;
+        for r in rows {
+            kv.mark_used(r.stream, r.pos as usize, r.pos as usize + 1);
+        }
+        Ok(())
+    }
+
+    /// Decodes noise blocks of `width` rows (blocks sorted by stream decode
+    /// with the fewest attention ops) and returns their lattice rows, block
+    /// by block: `width` rows of n_embd floats each. The blocks never stay in
+    /// the cache.
+    pub fn noise(&mut self, blocks: &[NoiseBlock], width: usize) -> Result<Vec<f32>> {
+        if blocks.is_empty() {
+            return Ok(Vec::new());
+        }
+        if width < 2 || width as i64 > self.spec.block_size {
+            return Err(Error::internal(format!(
+                "noise blocks of {width} rows (trained block {})",
+                self.spec.block_size
+            )));
+        }
+        let inputs = NoiseInputs::new(blocks, width, self.mask_token, &self.spec, &self.kv)?;
+        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, blocks.len()))?;
+        let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
+        let (inp, lattice) = net.noise(&inputs);
+        let fa = *flash_attn;
+        Self::run(sched, &g, *n_threads, || {
+            inp.tokens.expect("a noise graph reads tokens").write(0, &inputs.tokens)?;
+            inp.positions.write(0, &inputs.positions)?;
+            inp.cells.write(0, &inputs.cells)?;
+            for (t, m) in inp.masks.iter().zip(&inputs.masks).chain(inp.masks_swa.iter().zip(&inputs.masks_swa)) {
+                write_mask(*t, m, fa)?;
+            }
+            Ok(())
+        })?;
+        let mut out = vec![0.0f32; lattice.n_elements() as usize];
+        lattice.read(0, &mut out)?;
+        debug_assert_eq!(lattice.ty(), GGML_TYPE_F32);
+        Ok(out)
+    }
+
+    /// Forgets positions [p0, p1) of a stream (llama's bounds).
+    pub fn seq_rm(&mut self, stream: usize, p0: i32, p1: i32) -> bool {
+        if stream >= self.kv.n_stream {
+            return false;
+        }
+        self.kv.remove(stream, p0, p1);
+        true
+    }
+
+    /// Moves the rows at positions [p0, p1) of a stream by `delta`: K is
+    /// re-roped by `delta` (libllama's K shift), rows move to their new cells.
+    pub fn seq_add(&mut self, stream: usize, p0: i32, p1: i32, delta: i32) -> Result<()> {
+        let end = self.kv.end(stream);
+        let c0 = p0.max(0) as usize;
+        let c1 = if p1 < 0 { end } else { (p1 as usize).min(end) };
+        if delta == 0 || c0 >= c1 {
+            return Ok(());
+        }
+        let (d0, d1) = (c0 as i64 + delta as i64, c1 as i64 + delta as i64);
+        if d0 < 0 || d1 > self.kv.n_cells as i64 {
+            return Err(Error::backend(format!("shifting draft cells [{c0}, {c1}) by {delta} leaves the draft KV")));
+        }
+        let (d0, d1) = (d0 as usize, d1 as usize);
+        if (d0..d1).any(|c| !(c0..c1).contains(&c) && self.kv.is_used(stream, c)) {
+            return Err(Error::internal(format!("shifting draft cells [{c0}, {c1}) by {delta} overwrites rows")));
+        }
+        let used: Vec<bool> = (c0..c1).map(|c| self.kv.is_used(stream, c)).collect();
+        let n = c1 - c0;
+        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
+        let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
+        let positions = net.shift(stream, c0, n, delta);
+        let shift = vec![delta; n];
+        Self::run(sched, &g, *n_threads, || positions.write(0, &shift))?;
+        kv.remove(stream, c0 as i32, c1 as i32);
+        for (i, &u) in used.iter().enumerate() {
+            if u {
+                kv.mark_used(stream, d0 + i, d0 + i + 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes stream `dst` a copy of stream `src`.
+    pub fn seq_cp_all(&mut self, src: usize, dst: usize) -> Result<()> {
+        if src == dst || src >= self.kv.n_stream || dst >= self.kv.n_stream {
+            return Ok(());
+        }
+        let n = self.kv.end(src);
+        if n > 0 {
+            let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
+            let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+            let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
+            net.copy_stream(src, dst, n);
+            Self::run(sched, &g, *n_threads, || Ok(()))?;
+        }
+        let cells = self.kv.used_cells(src);
+        self.kv.set_used(dst, &cells);
+        Ok(())
+    }
+
+    pub fn clear(&mut self) {
+        self.kv.clear();
+    }
+
+    pub fn pos_min(&self, stream: usize) -> i32 {
+        if stream < self.kv.n_stream { self.kv.pos_min(stream) } else { -1 }
+    }
+
+    pub fn pos_max(&self, stream: usize) -> i32 {
+        if stream < self.kv.n_stream { self.kv.pos_max(stream) } else { -1 }
+    }
+
+    pub fn n_cells(&self) -> u32 {
+        self.kv.n_cells as u32
+    }
+
+    pub fn n_ubatch(&self) -> u32 {
+        self.n_ubatch
+    }
+
+    pub fn n_embd(&self) -> usize {
+        self.spec.n_embd as usize
+    }
+
+    /// Bytes a stream's state takes (`state::encode`).
+    pub fn state_size(&self, stream: usize) -> usize {
+        state::size(&self.kv, stream)
+    }
+
+    /// Writes a stream's cells into `dst`; bytes written (0 on failure).
+    pub fn state_get(&self, stream: usize, dst: &mut [u8]) -> usize {
+        state::encode(&self.kv, stream, dst).unwrap_or(0)
+    }
+
+    /// Loads a stream's cells from `src` (replacing them); bytes read (0 when
+    /// the bytes are not a state of this cache: nothing changes then).
+    pub fn state_set(&mut self, stream: usize, src: &[u8]) -> usize {
+        state::decode(&mut self.kv, stream, src).unwrap_or(0)
+    }
+
+    /// What the drafter holds on `dev` (None: everywhere).
+    pub fn memory_use(&self, dev: Option<ggml_backend_dev_t>) -> MemoryUse {
+        let compute = self
+            .sched
+            .backends()
+            .iter()
+            .zip(self.sched.buffer_sizes())
+            .filter(|(b, _)| dev.is_none_or(|d| d == b.device()))
+            .map(|(_, n)| n)
+            .sum();
+        let weights = dev.map_or(self.weights.bytes(), |d| self.weights.bytes_on(d));
+        MemoryUse { weights, kv: self.kv.bytes_on(dev), compute }
+    }
+
+    pub fn devices(&self) -> Vec<Device> {
+        self.devices.clone()
+    }
+
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes() as u64
+    }
+
+    /// Whether attention is ggml's fused kernel.
+    pub fn flash_attn(&self) -> bool {
+        self.flash_attn
+    }
+}
+
+fn net<'a>(
+    g: &'a GraphCtx,
+    weights: &'a Weights,
+    ids: &'a ModelIds,
+    spec: &'a Spec,
+    kv: &'a KvCache,
+    head: &'a TargetHead,
+    flash_attn: bool,
+) -> Net<'a> {
+    Net {
+        g,
+        w: weights,
+        ids,
+        spec,
+        kv,
+        head: HeadTensors { tok_embd: head.tok_embd(), output: head.output(), output_scale: head.output_scale() },
+        flash_attn,
+    }
+}
+
+/// Writes a mask of 0 / -inf, as f16 for fused attention.
+fn write_mask(t: crate::sys::ggml::Tensor<'_>, mask: &[f32], f16: bool) -> Result<()> {
+    if f16 {
+        let bits: Vec<u16> = mask.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        t.write(0, &bits)
+    } else {
+        t.write(0, mask)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn devs(n: usize) -> Vec<Device> {
+        (0..n)
+            .map(|i| Device {
+                dev: (i + 1) as ggml_backend_dev_t,
+                name: format!("D{i}"),
+                kind: DeviceKind::Accelerator,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn layers_split_over_devices_like_libllama() {
+        let two = devs(2);
+        let all: Vec<_> = (0..4).map(|il| layer_device(il, 4, None, &two)).collect();
+        assert_eq!(all, vec![Some(0), Some(0), Some(1), Some(1)]);
+        // 2 of 4 offloaded: the last two layers
+        let part: Vec<_> = (0..4).map(|il| layer_device(il, 4, Some(2), &two[..1])).collect();
+        assert_eq!(part, vec![None, None, None, Some(0)]);
+        assert_eq!(layer_device(0, 4, None, &[]), None);
+        assert_eq!(layer_device(3, 4, Some(0), &two), None);
+    }
+}
