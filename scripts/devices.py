@@ -228,6 +228,20 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4):
                 tau=round(r["tau"], 3), cpu_tau=round(cpu_tau, 3) if cpu_tau else None,
                 tok_s=round(r["tokens_per_s"]["median"], 2), ar_tok_s=round(ar["tokens_per_s"]["median"], 2),
                 accepted=f"{r['accepted']}/{r['drafted']}", errors=len(errors), note=note)
+        own, lib = res.get((np_, "dflash2")), res.get((np_, "dflash2-libllama"))
+        if own and lib:
+            # the two draft graphs on one placement: on the CPU's kernels (CPU, RPC nodes) at
+            # np 1 the same drafts; at np > 1 the own graph injects every sequence's rows in one
+            # batch where libllama splits them (another matmul kernel for single rows), and on
+            # another backend's arithmetic: near-ties may flip (1%, 10% on Vulkan)
+            if placement.backend != "vulkan" and np_ == 1:
+                check(f"library {placement.name} np {np_} own graph = libllama's",
+                      (own["accepted"], own["drafted"]) == (lib["accepted"], lib["drafted"]),
+                      f"own {own['accepted']}/{own['drafted']}, libllama {lib['accepted']}/{lib['drafted']}")
+            else:
+                bound = 0.10 if placement.backend == "vulkan" else 0.01
+                check(f"library {placement.name} np {np_} own graph tau vs libllama's",
+                      abs(own["tau"] - lib["tau"]) <= bound * lib["tau"], f"{own['tau']:.3f} vs {lib['tau']:.3f}")
     check(f"library {placement.name} T={temp} log", not errors, "\n".join(errors[:5]))
 
 
@@ -658,11 +672,12 @@ def main():
     start_t = time.time()
 
     n_predict = 24
-    chain_modes = ["upstream", "dflash2", "dflash2-tree"]
+    # dflash2 runs the library's own draft graph, dflash2-libllama libllama's: compared per placement
+    chain_modes = ["upstream", "dflash2", "dflash2-libllama", "dflash2-tree"]
     # the CPU-only run first: every other placement's tau is compared with it
     run_step("library cpu", with_rpc, cpu(), library_rows, [1, 4], chain_modes, n_predict)
     for p in rpc_placements():
-        modes = chain_modes if p.draft is None else ["dflash2", "dflash2-tree"]
+        modes = chain_modes if p.draft is None else ["dflash2", "dflash2-libllama", "dflash2-tree"]
         run_step(f"library {p.name}", with_rpc, p, library_rows, [1, 4], modes, n_predict)
     for p in (cpu(), rpc_placements()[0]):
         run_step(f"library {p.name} T=0.8", with_rpc, p, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict,
@@ -684,7 +699,7 @@ def main():
         run_step("library cpu (short)", with_rpc, cpu(), library_rows, [1], chain_modes, vk_predict,
                  n_prompts=vk_prompts)
         for p in vulkan_placements():
-            modes = chain_modes if p.draft is None else ["dflash2"]
+            modes = chain_modes if p.draft is None else ["dflash2", "dflash2-libllama"]
             run_step(f"library {p.name}", with_rpc, p, library_rows, [1], modes, vk_predict, n_prompts=vk_prompts)
             run_step(f"server {p.name}", with_rpc, p, server_rows, vk_prompts, vk_predict)
         vk = vulkan_placements()[0]

@@ -67,6 +67,9 @@ std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target
     if (mode == "dflash2") {
         return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_GREEDY);
     }
+    if (mode == "dflash2-libllama") {
+        return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_GREEDY, false, LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA);
+    }
     if (mode == "dflash2-adaptive") {
         return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE);
     }
@@ -204,6 +207,15 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
         const mode_result * au = find(results, "dflash2-auto", np);
         if (au) {
             printf(", dflash2-auto/ar %.3f, dflash2-auto/dflash2 %.3f", ratio(au, a), ratio(au, d));
+        }
+        const mode_result * lg = find(results, "dflash2-libllama", np);
+        if (lg && d) {
+            // the two draft graphs: speed, and the drafter's own time per step (inject + noise + walk)
+            const host_stats & sd = d->median();
+            const host_stats & sl = lg->median();
+            const double per_d = (sd.t_inject_us + sd.t_noise_us + sd.t_walk_us) / std::max<double>(1, (double) sd.n_seq_steps);
+            const double per_l = (sl.t_inject_us + sl.t_noise_us + sl.t_walk_us) / std::max<double>(1, (double) sl.n_seq_steps);
+            printf(", dflash2/dflash2-libllama %.3f (drafter time per step %.3f)", ratio(d, lg), per_l > 0 ? per_d / per_l : 0.0);
         }
         printf("\n");
         // every mode against target-only, in wall time and in CPU time (the work: on a loaded
@@ -468,8 +480,9 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
         throw std::runtime_error("--lockstep takes two modes: A,B");
     }
     for (const auto & m : ab) {
-        if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m) && !is_diagnostic(m)) {
-            throw std::runtime_error("--lockstep runs ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto, "
+        if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-libllama" && m != "dflash2-adaptive" &&
+                !is_tree(m) && !is_diagnostic(m)) {
+            throw std::runtime_error("--lockstep runs ar, upstream, dflash2, dflash2-libllama, dflash2-adaptive, dflash2-tree, dflash2-auto, "
                     "ar-attached, ar-fed or ar-unified, not " + m);
         }
     }
@@ -516,9 +529,9 @@ int main(int argc, char ** argv) {
         }
         const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
         for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-adaptive" && !is_tree(m) && !is_diagnostic(m) &&
-                    !is_ngram(m)) {
-                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-adaptive, dflash2-tree, dflash2-auto, "
+            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-libllama" && m != "dflash2-adaptive" &&
+                    !is_tree(m) && !is_diagnostic(m) && !is_ngram(m)) {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-libllama, dflash2-adaptive, dflash2-tree, dflash2-auto, "
                         "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache, ar-attached, ar-fed)");
             }
         }
@@ -627,7 +640,7 @@ int main(int argc, char ** argv) {
         return 0;
     } catch (const std::exception & e) {
         fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree, dflash2-auto;\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting), ar-unified (target-only on the tree modes' context)\n  --tree N          nodes per tree of dflash2-tree (default --n-max)\n"
+                " dflash2-tree, dflash2-auto;\n                    dflash2-libllama: the greedy chain of dflash2 on libllama's dflash graph (dflash2's other modes\n                    run --draft-graph, the library's own by default)\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting), ar-unified (target-only on the tree modes' context)\n  --tree N          nodes per tree of dflash2-tree (default --n-max)\n"
                 "  --reps N          repetitions per mode and np (default 3)\n"
                 "  --lockstep A,B    two modes in turns of 16 steps instead (an A/B under the same load)\n"
                 "  --auto-tree N     the controller's largest tree (dflash2-auto; default --tree)\n"

@@ -40,15 +40,29 @@ pub struct Net<'a> {
     pub flash_attn: bool,
 }
 
-/// The input tensors of a graph, to fill once it is allocated.
-pub struct Inputs<'a> {
-    pub features: Option<Tensor<'a>>,
-    pub tokens: Option<Tensor<'a>>,
-    pub positions: Tensor<'a>,
-    pub cells: Tensor<'a>,
-    /// Per run (noise graphs), full-attention and windowed masks.
-    pub masks: Vec<Tensor<'a>>,
-    pub masks_swa: Vec<Tensor<'a>>,
+/// Names of a graph's inputs and output: a graph kept between decodes finds
+/// them again by name (`GraphCtx::tensor`).
+pub mod io {
+    pub const FEATURES: &str = "inp_target_features";
+    pub const TOKENS: &str = "inp_tokens";
+    pub const POSITIONS: &str = "inp_pos";
+    pub const CELLS: &str = "inp_kv_cells";
+    pub const SHIFT: &str = "inp_shift";
+    pub const LATTICE: &str = "lattice";
+
+    /// The mask of attention run `run` (windowed layers: `swa`).
+    pub fn mask(run: usize, swa: bool) -> String {
+        format!("inp_kq_mask{}_{run}", if swa { "_swa" } else { "" })
+    }
+}
+
+/// The inputs the layers of a noise graph read.
+struct Inputs<'a> {
+    positions: Tensor<'a>,
+    cells: Tensor<'a>,
+    /// Per run, full-attention and windowed masks.
+    masks: Vec<Tensor<'a>>,
+    masks_swa: Vec<Tensor<'a>>,
 }
 
 impl<'a> Net<'a> {
@@ -120,30 +134,27 @@ impl<'a> Net<'a> {
         self.g.expand(self.g.set_rows(self.cache_rows(self.kv.v(il)), v2, cells));
     }
 
-    /// The injection graph of `n` rows: returns its inputs.
-    pub fn inject(&self, n: i64) -> Inputs<'a> {
+    /// The injection graph of `n` rows (inputs named by `io`).
+    pub fn inject(&self, n: i64) {
         let g = self.g;
         let s = self.spec;
-        let features = g.input(GGML_TYPE_F32, &[s.n_feat, n], "inp_target_features");
-        let positions = g.input(GGML_TYPE_I32, &[n * s.n_pos_per_row() as i64], "inp_pos");
-        let cells = g.input(GGML_TYPE_I64, &[n], "inp_kv_cells");
+        let features = g.input(GGML_TYPE_F32, &[s.n_feat, n], io::FEATURES);
+        let positions = g.input(GGML_TYPE_I32, &[n * s.n_pos_per_row() as i64], io::POSITIONS);
+        let cells = g.input(GGML_TYPE_I64, &[n], io::CELLS);
         let fused = self.mm(self.t(self.ids.fc), features, self.opt(self.ids.fc_scale));
         let fused = self.norm(fused, self.ids.enc_norm);
         for (il, l) in self.ids.layers.iter().enumerate() {
             let (k, v) = self.kv_of(l, fused, positions);
             self.store(il, k, v, cells);
         }
-        Inputs { features: Some(features), tokens: None, positions, cells, masks: Vec::new(), masks_swa: Vec::new() }
     }
 
     /// Mask inputs per run, F16 for fused attention (ggml requires it).
     fn mask_inputs(&self, runs: &[Run], n_kv: usize, width: usize, swa: bool) -> Vec<Tensor<'a>> {
         let ty = if self.flash_attn { GGML_TYPE_F16 } else { GGML_TYPE_F32 };
         runs.iter()
-            .map(|r| {
-                let name = if swa { "inp_kq_mask_swa" } else { "inp_kq_mask" };
-                self.g.input(ty, &[n_kv as i64, width as i64, 1, r.n_blocks as i64], name)
-            })
+            .enumerate()
+            .map(|(i, r)| self.g.input(ty, &[n_kv as i64, width as i64, 1, r.n_blocks as i64], &io::mask(i, swa)))
             .collect()
     }
 
@@ -272,21 +283,21 @@ impl<'a> Net<'a> {
         cur
     }
 
-    /// The noise-block graph: returns its inputs and the lattice,
-    /// [n_embd, rows per block x blocks].
-    pub fn noise(&self, batch: &NoiseInputs) -> (Inputs<'a>, Tensor<'a>) {
+    /// The noise-block graph (inputs named by `io`); its output `io::LATTICE`
+    /// is [n_embd, rows per block x blocks].
+    pub fn noise(&self, batch: &NoiseInputs) {
         let g = self.g;
         let s = self.spec;
         let n = batch.tokens.len() as i64;
-        let tokens = g.input(GGML_TYPE_I32, &[n], "inp_tokens");
-        let positions = g.input(GGML_TYPE_I32, &[n * s.n_pos_per_row() as i64], "inp_pos");
-        let cells = g.input(GGML_TYPE_I64, &[n], "inp_kv_cells");
+        let tokens = g.input(GGML_TYPE_I32, &[n], io::TOKENS);
+        let positions = g.input(GGML_TYPE_I32, &[n * s.n_pos_per_row() as i64], io::POSITIONS);
+        let cells = g.input(GGML_TYPE_I64, &[n], io::CELLS);
         let mask_inputs = |m: &Vec<Vec<f32>>, swa| {
             if m.is_empty() { Vec::new() } else { self.mask_inputs(&batch.runs, batch.n_kv, batch.width, swa) }
         };
         let masks = mask_inputs(&batch.masks, false);
         let masks_swa = mask_inputs(&batch.masks_swa, true);
-        let inp = Inputs { features: None, tokens: Some(tokens), positions, cells, masks, masks_swa };
+        let inp = Inputs { positions, cells, masks, masks_swa };
 
         let tok_embd = self.opt(self.ids.tok_embd).unwrap_or(self.head.tok_embd);
         let mut x = g.get_rows(tok_embd, tokens);
@@ -297,15 +308,18 @@ impl<'a> Net<'a> {
             x = self.layer(il, x, &inp, batch);
         }
         let hidden = self.norm(x, self.ids.output_norm);
+        // the head for every row, the anchor's too (its lattice row is zeros):
+        // ggml's CPU matmul tiles batches of 4 rows, so a block of 8 costs
+        // less through the vocabulary-wide head than its 7 drafted rows alone
         let logits = match self.ids.output {
             Some(own) => self.g.mul_mat(self.t(own), hidden),
             None => self.mm(self.head.output, hidden, self.head.output_scale),
         };
         let logits = self.output_transforms(logits);
         let lattice = super::lattice::build(self, logits, hidden, tokens, batch.width as i64);
+        g.name(lattice, io::LATTICE);
         g.output(lattice);
         g.expand(lattice);
-        (inp, lattice)
     }
 
     /// DFlash2's logit scale and softcap, then the `d2t` scatter of a reduced
@@ -334,12 +348,12 @@ impl<'a> Net<'a> {
 
     /// Moves cells [c0, c0 + n) of a stream by `delta` positions (to cells
     /// c0 + delta ..), re-roping K by `delta`: libllama's K shift, with the
-    /// rows moved so that cell = position holds. Returns the positions input
-    /// (n entries of delta).
-    pub fn shift(&self, stream: usize, c0: usize, n: usize, delta: i32) -> Tensor<'a> {
+    /// rows moved so that cell = position holds. Its input `io::SHIFT`: n
+    /// entries of delta.
+    pub fn shift(&self, stream: usize, c0: usize, n: usize, delta: i32) {
         let g = self.g;
         let s = self.spec;
-        let positions = g.input(GGML_TYPE_I32, &[n as i64], "inp_shift");
+        let positions = g.input(GGML_TYPE_I32, &[n as i64], io::SHIFT);
         let dst0 = (c0 as i64 + delta as i64) as usize;
         for il in 0..s.n_layer {
             for (cache, is_k) in [(self.kv.k(il), true), (self.kv.v(il), false)] {
@@ -354,7 +368,6 @@ impl<'a> Net<'a> {
                 g.expand(g.cpy(moved, dst));
             }
         }
-        positions
     }
 
     /// Copies cells [0, n) of stream `src` over stream `dst`.

@@ -22,13 +22,14 @@ mod kv;
 mod lattice;
 mod names;
 pub mod spec;
+mod stage;
 mod state;
 mod weights;
 
 use crate::checkpoint::Opened;
 use crate::error::{Error, Result};
 use crate::log;
-use crate::sys::ggml::{Backend, GraphCtx, Sched};
+use crate::sys::ggml::{Backend, GraphCtx, Sched, Tensor};
 use crate::sys::{
     Device, DeviceKind, GGML_TYPE_F16, GGML_TYPE_F32, MemoryUse, TargetContext, TargetHead, ggml_backend_dev_t,
     ggml_type,
@@ -36,10 +37,11 @@ use crate::sys::{
 
 use batch::{InjectInputs, NoiseInputs};
 pub use batch::{InjectRow, NoiseBlock};
-use graph::{Net, TargetHead as HeadTensors};
+use graph::{Net, TargetHead as HeadTensors, io};
 use kv::KvCache;
 use names::ModelIds;
 use spec::Spec;
+use stage::Stage;
 use weights::{Slot, Weights};
 
 /// How to build an own-graph drafter.
@@ -64,9 +66,12 @@ pub struct OwnSetup<'a> {
 
 /// The drafter with its own graph.
 pub struct OwnDrafter {
-    // drop order: the scheduler (its buffers back graphs over the tensors
+    // drop order: the schedulers (their buffers back graphs over the tensors
     // below) first, then the cache and weights
-    sched: Sched,
+    /// Noise decodes.
+    noise_stage: Stage,
+    /// Injections, and the cache's own edits (shift, copy).
+    inject_stage: Stage,
     kv: KvCache,
     weights: Weights,
     ids: ModelIds,
@@ -147,12 +152,12 @@ impl OwnDrafter {
             }
         }
         let mut backends = devices.iter().map(Backend::new).collect::<Result<Vec<_>>>()?;
-        let sched_devices = devices;
         backends.push(cpu);
+        let backends = std::sync::Arc::new(backends);
         let capacity = graph_capacity(spec.n_layer, setup.n_seq);
-        let sched = Sched::new(backends, capacity)?;
         let mut drafter = OwnDrafter {
-            sched,
+            noise_stage: Stage::new(Sched::new(backends.clone(), capacity)?),
+            inject_stage: Stage::new(Sched::new(backends, capacity)?),
             kv,
             weights,
             ids,
@@ -162,7 +167,7 @@ impl OwnDrafter {
             flash_attn: true,
             n_threads: setup.n_threads.max(1),
             n_ubatch: setup.n_ubatch,
-            devices: sched_devices,
+            devices,
         };
         drafter.flash_attn = drafter.layers_support_flash_attn()?;
         drafter.reserve(setup.n_seq, ckpt.block_size as usize)?;
@@ -189,7 +194,7 @@ impl OwnDrafter {
         let fa = g.flash_attn(q, k, v, mask, s.kq_scale, None);
         let devices: Vec<ggml_backend_dev_t> =
             (0..s.n_layer).filter_map(|il| self.kv.k(il).device()).map(|d| d.dev).collect();
-        Ok(self.sched.backends().iter().filter(|b| devices.contains(&b.device())).all(|b| b.supports(fa)))
+        Ok(self.noise_stage.sched().backends().iter().filter(|b| devices.contains(&b.device())).all(|b| b.supports(fa)))
     }
 
     /// Allocates the compute buffers of the largest graphs once: a noise
@@ -199,27 +204,13 @@ impl OwnDrafter {
             .map(|s| NoiseBlock { stream: s, anchor: (self.kv.n_cells - block) as i32, id_last: 0 })
             .collect();
         let inputs = NoiseInputs::new(&blocks, block, self.mask_token, &self.spec, &self.kv)?;
-        {
-            let g = GraphCtx::new(graph_capacity(self.spec.n_layer, n_seq))?;
-            let OwnDrafter { sched, .. } = self;
-            let net = net(&g, &self.weights, &self.ids, &self.spec, &self.kv, &self.head, self.flash_attn);
-            net.noise(&inputs);
-            sched.reserve(&g)?;
-        }
-        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
-        let net = net(&g, &self.weights, &self.ids, &self.spec, &self.kv, &self.head, self.flash_attn);
-        net.inject(self.n_ubatch.max(1) as i64);
-        self.sched.reserve(&g)
-    }
-
-    /// Runs a built graph: allocates it, lets `fill` write its inputs, computes.
-    fn run(sched: &mut Sched, g: &GraphCtx, n_threads: i32, fill: impl FnOnce() -> Result<()>) -> Result<()> {
-        sched.alloc(g)?;
-        fill()?;
-        for b in sched.backends() {
-            b.set_threads(n_threads);
-        }
-        sched.compute(g)
+        let OwnDrafter { noise_stage, inject_stage, kv, weights, ids, spec, head, flash_attn, .. } = self;
+        let g = GraphCtx::new(graph_capacity(spec.n_layer, n_seq))?;
+        net(&g, weights, ids, spec, kv, head, *flash_attn).noise(&inputs);
+        noise_stage.sched_mut().reserve(&g)?;
+        let g = GraphCtx::new(graph_capacity(spec.n_layer, 1))?;
+        net(&g, weights, ids, spec, kv, head, *flash_attn).inject(self.n_ubatch.max(1) as i64);
+        inject_stage.sched_mut().reserve(&g)
     }
 
     /// Injects rows of tap features into the cache at their positions.
@@ -228,15 +219,14 @@ impl OwnDrafter {
             return Ok(());
         }
         let inputs = InjectInputs::new(rows, &self.spec, &self.kv)?;
-        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
-        let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
-        let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
-        let inp = net.inject(rows.len() as i64);
-        Self::run(sched, &g, *n_threads, || {
-            inp.features.expect("an injection graph reads features").write(0, &inputs.features)?;
-            inp.positions.write(0, &inputs.positions)?;
-            inp.cells.write(0, &inputs.cells)
+        let OwnDrafter { inject_stage, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        let g = inject_stage.graph(vec![rows.len() as i64], graph_capacity(spec.n_layer, 1), |g| {
+            net(g, weights, ids, spec, kv, head, *flash_attn).inject(rows.len() as i64);
         })?;
+        input(g, io::FEATURES)?.write(0, &inputs.features)?;
+        input(g, io::POSITIONS)?.write(0, &inputs.positions)?;
+        input(g, io::CELLS)?.write(0, &inputs.cells)?;
+        inject_stage.compute(*n_threads)?;
         for r in rows {
             kv.mark_used(r.stream, r.pos as usize, r.pos as usize + 1);
         }
@@ -258,20 +248,24 @@ impl OwnDrafter {
             )));
         }
         let inputs = NoiseInputs::new(blocks, width, self.mask_token, &self.spec, &self.kv)?;
-        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, blocks.len()))?;
-        let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
-        let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
-        let (inp, lattice) = net.noise(&inputs);
-        let fa = *flash_attn;
-        Self::run(sched, &g, *n_threads, || {
-            inp.tokens.expect("a noise graph reads tokens").write(0, &inputs.tokens)?;
-            inp.positions.write(0, &inputs.positions)?;
-            inp.cells.write(0, &inputs.cells)?;
-            for (t, m) in inp.masks.iter().zip(&inputs.masks).chain(inp.masks_swa.iter().zip(&inputs.masks_swa)) {
-                write_mask(*t, m, fa)?;
-            }
-            Ok(())
+        // the graph depends on the blocks' streams, their width and the cells
+        // attention reads; everything else is an input
+        let mut key: Vec<i64> = blocks.iter().map(|b| b.stream as i64).collect();
+        key.extend([width as i64, inputs.n_kv as i64]);
+        let OwnDrafter { noise_stage, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        let g = noise_stage.graph(key, graph_capacity(spec.n_layer, blocks.len()), |g| {
+            net(g, weights, ids, spec, kv, head, *flash_attn).noise(&inputs);
         })?;
+        input(g, io::TOKENS)?.write(0, &inputs.tokens)?;
+        input(g, io::POSITIONS)?.write(0, &inputs.positions)?;
+        input(g, io::CELLS)?.write(0, &inputs.cells)?;
+        for (swa, masks) in [(false, &inputs.masks), (true, &inputs.masks_swa)] {
+            for (run, m) in masks.iter().enumerate() {
+                write_mask(input(g, &io::mask(run, swa))?, m, *flash_attn)?;
+            }
+        }
+        noise_stage.compute(*n_threads)?;
+        let lattice = input(noise_stage.graph_kept()?, io::LATTICE)?;
         let mut out = vec![0.0f32; lattice.n_elements() as usize];
         lattice.read(0, &mut out)?;
         debug_assert_eq!(lattice.ty(), GGML_TYPE_F32);
@@ -306,12 +300,17 @@ impl OwnDrafter {
         }
         let used: Vec<bool> = (c0..c1).map(|c| self.kv.is_used(stream, c)).collect();
         let n = c1 - c0;
-        let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
-        let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
-        let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
-        let positions = net.shift(stream, c0, n, delta);
-        let shift = vec![delta; n];
-        Self::run(sched, &g, *n_threads, || positions.write(0, &shift))?;
+        let OwnDrafter { inject_stage, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        // a one-off graph: keyed apart from every injection shape
+        let g = inject_stage.graph(
+            vec![-1, stream as i64, c0 as i64, n as i64, delta as i64],
+            graph_capacity(spec.n_layer, 1),
+            |g| {
+                net(g, weights, ids, spec, kv, head, *flash_attn).shift(stream, c0, n, delta);
+            },
+        )?;
+        input(g, io::SHIFT)?.write(0, &vec![delta; n])?;
+        inject_stage.compute(*n_threads)?;
         kv.remove(stream, c0 as i32, c1 as i32);
         for (i, &u) in used.iter().enumerate() {
             if u {
@@ -328,11 +327,11 @@ impl OwnDrafter {
         }
         let n = self.kv.end(src);
         if n > 0 {
-            let g = GraphCtx::new(graph_capacity(self.spec.n_layer, 1))?;
-            let OwnDrafter { sched, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
-            let net = net(&g, weights, ids, spec, kv, head, *flash_attn);
-            net.copy_stream(src, dst, n);
-            Self::run(sched, &g, *n_threads, || Ok(()))?;
+            let OwnDrafter { inject_stage, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+            inject_stage.graph(vec![-2, src as i64, dst as i64, n as i64], graph_capacity(spec.n_layer, 1), |g| {
+                net(g, weights, ids, spec, kv, head, *flash_attn).copy_stream(src, dst, n);
+            })?;
+            inject_stage.compute(*n_threads)?;
         }
         let cells = self.kv.used_cells(src);
         self.kv.set_used(dst, &cells);
@@ -381,11 +380,9 @@ impl OwnDrafter {
 
     /// What the drafter holds on `dev` (None: everywhere).
     pub fn memory_use(&self, dev: Option<ggml_backend_dev_t>) -> MemoryUse {
-        let compute = self
-            .sched
-            .backends()
+        let compute = [&self.noise_stage, &self.inject_stage]
             .iter()
-            .zip(self.sched.buffer_sizes())
+            .flat_map(|stage| stage.sched().backends().iter().zip(stage.sched().buffer_sizes()))
             .filter(|(b, _)| dev.is_none_or(|d| d == b.device()))
             .map(|(_, n)| n)
             .sum();
@@ -427,8 +424,13 @@ fn net<'a>(
     }
 }
 
+/// A graph's input or output by name.
+fn input<'g>(g: &'g GraphCtx, name: &str) -> Result<Tensor<'g>> {
+    g.tensor(name).ok_or_else(|| Error::internal(format!("the draft graph has no tensor '{name}'")))
+}
+
 /// Writes a mask of 0 / -inf, as f16 for fused attention.
-fn write_mask(t: crate::sys::ggml::Tensor<'_>, mask: &[f32], f16: bool) -> Result<()> {
+fn write_mask(t: Tensor<'_>, mask: &[f32], f16: bool) -> Result<()> {
     if f16 {
         let bits: Vec<u16> = mask.iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
         t.write(0, &bits)

@@ -3,7 +3,7 @@
 #include "dflash2.hpp"
 #include "host.h"
 
-dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
+dflash2::params host_engine_params(host_target & tgt, int32_t walk, int32_t draft_graph) {
     const host_params & hp = tgt.params;
     dflash2::params params = dflash2::default_params();
     params.devices         = tgt.draft_placement.list();
@@ -16,7 +16,7 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk) {
     params.ngram_branches  = hp.ngram_branches;
     params.first_child     = hp.first_child;
     params.adapt_sampled_drafts = hp.adapt_sampled;
-    params.draft_graph          = hp.draft_graph;
+    params.draft_graph          = draft_graph >= 0 ? draft_graph : hp.draft_graph;
     return params;
 }
 
@@ -45,8 +45,8 @@ struct drafter_dflash2 : host_drafter {
 
     bool feed_only; // process() and seq_rm() only: drafts nothing, never calls draft() or accept()
 
-    drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only)
-        : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), hp(tgt.params), temp(tgt.params.temp),
+    drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only, int32_t draft_graph)
+        : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk, draft_graph)), hp(tgt.params), temp(tgt.params.temp),
           draft_temp(host_draft_temp(tgt.params)), feed_only(feed_only) {}
 
     const char * name() const override { return "dflash2"; }
@@ -91,6 +91,6 @@ struct drafter_dflash2 : host_drafter {
 
 } // namespace
 
-std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only) {
-    return std::make_unique<drafter_dflash2>(tgt, walk, feed_only);
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk, bool feed_only, int32_t draft_graph) {
+    return std::make_unique<drafter_dflash2>(tgt, walk, feed_only, draft_graph);
 }

@@ -247,10 +247,12 @@ const std::vector<std::pair<std::string, int>> & host_ngram_modes();
 // walk: an enum llama_spec_dflash2_walk value (0 greedy, as upstream; 1 adaptive).
 // feed_only: the engine gets every decoded row (process, seq_rm) but never drafts
 // (a measurement of what feeding the drafter costs target-only decoding)
-std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk = 0, bool feed_only = false);
+// draft_graph: params.draft_graph (-1: the run's --draft-graph)
+std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t walk = 0, bool feed_only = false,
+        int32_t draft_graph = -1);
 
 // dflash2's engine parameters for tgt's placement, --n-max, threads and --ngram-branches
-dflash2::params host_engine_params(host_target & tgt, int32_t walk);
+dflash2::params host_engine_params(host_target & tgt, int32_t walk, int32_t draft_graph = -1);
 // adds an engine's time split (inject, draft decode, walk, feature copy) and its
 // draft-temperature tuning counts to stats
 void host_add_engine_stats(host_stats & stats, const dflash2::stats & s);

@@ -116,6 +116,14 @@ impl GraphCtx {
         unsafe { ggml_set_name(t.raw(), bytes.as_ptr().cast()) };
     }
 
+    /// The graph's tensor named `name` (an input, an output), if any.
+    pub fn tensor(&self, name: &str) -> Option<Tensor<'_>> {
+        let cname = std::ffi::CString::new(name).ok()?;
+        // SAFETY: live graph; a NUL-terminated name.
+        let p = unsafe { ggml_graph_get_tensor(self.graph.as_ptr(), cname.as_ptr()) };
+        (!p.is_null()).then(|| self.t(p))
+    }
+
     /// Adds `t` and everything it depends on to the graph.
     pub fn expand(&self, t: Tensor<'_>) {
         // SAFETY: live graph and tensor.
