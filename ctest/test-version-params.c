@@ -19,6 +19,7 @@ int main(void) {
     CHECK(!params.use_extra_bufts);
     CHECK(params.first_child == -1);
     CHECK(params.adapt_sampled_drafts == -1);
+    CHECK(params.draft_graph == -1);
     CHECK(llama_spec_dflash2_params_check(&params) == LLAMA_SPEC_DFLASH2_OK);
     CHECK(strcmp(llama_spec_dflash2_last_error(), "") == 0);
 
@@ -44,6 +45,13 @@ int main(void) {
     CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
     CHECK(strstr(llama_spec_dflash2_last_error(), "adapt_sampled_drafts") != NULL);
     bad.adapt_sampled_drafts = 0;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_OK);
+
+    bad = params;
+    bad.draft_graph = 2;
+    CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_ERR_INVALID_ARGUMENT);
+    CHECK(strstr(llama_spec_dflash2_last_error(), "draft_graph") != NULL);
+    bad.draft_graph = LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA;
     CHECK(llama_spec_dflash2_params_check(&bad) == LLAMA_SPEC_DFLASH2_OK);
 
     bad = params;

@@ -211,25 +211,46 @@ fn state_blobs_with_cells_libllama_cannot_remove_leave_nothing_behind() {
         for poison in [-1, -65494, i32::MIN, i32::MAX] {
             let mut blob = clean.clone();
             blob[at..at + 4].copy_from_slice(&poison.to_le_bytes());
-            for _ in 0..3 {
-                let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
-                assert_eq!(rc, status_code("INVALID_ARGUMENT"), "a draft KV cell at {poison} accepted");
-                // the sequence saves as an empty one: no cell of the blob stayed
-                assert!(state_of(&spec, 0) == empty, "n_seq {n_seq}: a cell at {poison} stayed: {:?}", spec.info(0));
-                // the other sequences keep their cells
-                for (s, b) in others.iter().enumerate() {
-                    assert!(state_of(&spec, s as i32 + 1) == *b, "n_seq {n_seq}: sequence {} changed", s + 1);
-                }
-            }
+            assert_refused_leaving_nothing(
+                &spec,
+                &blob,
+                &empty,
+                &others,
+                &format!("n_seq {n_seq}: a cell at {poison}"),
+            );
         }
-        // the clean blob loads, and every sequence goes on losslessly
-        let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, clean.as_ptr(), clean.len()) };
-        assert_eq!(rc, 0, "{}", last_error());
-        let want = greedy_reference(&fx.target, &prompts, N_GEN);
-        generate(&mut target, &spec, &mut streams, N_GEN, 3);
-        for (s, w) in streams.iter().zip(&want) {
-            assert_eq!(&s.out[..N_GEN], &w[..], "n_seq {n_seq}, sequence {}", s.seq);
+        assert_clean_blob_goes_on_losslessly(&mut target, &spec, &clean, &prompts, &mut streams);
+    }
+}
+
+/// `blob` is refused three times in a row, sequence 0 saves as the empty
+/// state `empty` after each (no cell of the blob stayed) and the other
+/// sequences keep their states `others`.
+fn assert_refused_leaving_nothing(spec: &Spec, blob: &[u8], empty: &[u8], others: &[Vec<u8>], what: &str) {
+    for _ in 0..3 {
+        let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
+        assert_eq!(rc, status_code("INVALID_ARGUMENT"), "{what}: accepted");
+        assert!(state_of(spec, 0) == empty, "{what}: stayed: {:?}", spec.info(0));
+        for (s, b) in others.iter().enumerate() {
+            assert!(state_of(spec, s as i32 + 1) == *b, "{what}: sequence {} changed", s + 1);
         }
+    }
+}
+
+/// The clean blob of sequence 0 loads, and every sequence goes on losslessly.
+fn assert_clean_blob_goes_on_losslessly(
+    target: &mut Target,
+    spec: &Spec,
+    clean: &[u8],
+    prompts: &[Vec<i32>],
+    streams: &mut [common::spec::Stream],
+) {
+    let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, clean.as_ptr(), clean.len()) };
+    assert_eq!(rc, 0, "{}", last_error());
+    let want = greedy_reference(&fixtures().target, prompts, N_GEN);
+    generate(target, spec, streams, N_GEN, 3);
+    for (s, w) in streams.iter().zip(&want) {
+        assert_eq!(&s.out[..N_GEN], &w[..], "{} sequences, sequence {}", prompts.len(), s.seq);
     }
 }
 
@@ -270,22 +291,10 @@ fn own_graph_state_blobs_with_forged_cells_change_nothing() {
         for (offset, value) in forgeries {
             let mut blob = clean.clone();
             blob[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
-            for _ in 0..3 {
-                let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, blob.as_ptr(), blob.len()) };
-                assert_eq!(rc, status_code("INVALID_ARGUMENT"), "a forged blob (byte {offset} = {value}) accepted");
-                assert!(state_of(&spec, 0) == empty, "n_seq {n_seq}: a forged cell stayed: {:?}", spec.info(0));
-                for (s, b) in others.iter().enumerate() {
-                    assert!(state_of(&spec, s as i32 + 1) == *b, "n_seq {n_seq}: sequence {} changed", s + 1);
-                }
-            }
+            let what = format!("n_seq {n_seq}: a forged blob (byte {offset} = {value})");
+            assert_refused_leaving_nothing(&spec, &blob, &empty, &others, &what);
         }
-        let rc = unsafe { llama_spec_dflash2_state_set(spec.0, 0, clean.as_ptr(), clean.len()) };
-        assert_eq!(rc, 0, "{}", last_error());
-        let want = greedy_reference(&fx.target, &prompts, N_GEN);
-        generate(&mut target, &spec, &mut streams, N_GEN, 3);
-        for (s, w) in streams.iter().zip(&want) {
-            assert_eq!(&s.out[..N_GEN], &w[..], "n_seq {n_seq}, sequence {}", s.seq);
-        }
+        assert_clean_blob_goes_on_losslessly(&mut target, &spec, &clean, &prompts, &mut streams);
     }
 }
 

@@ -12,7 +12,8 @@
 //! - `spec`: shapes and constants; which drafters this graph covers;
 //! - `weights`, `names`: the weights and their roles;
 //! - `kv`: the cache; `batch`: a decode's host-side inputs;
-//! - `graph`, `conv`, `lattice`: the graphs;
+//! - `graph`, `conv`, `lattice`: the graphs; `stage`: a scheduler and the
+//!   graph it keeps between decodes of the same shape;
 //! - `state`: a sequence's cells in state blobs.
 
 mod batch;

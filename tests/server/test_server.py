@@ -153,6 +153,8 @@ def with_servers(*specs):
 # --spec-dflash2-tree: every step drafts), DEFAULT_DRAFT with the server's defaults
 DRAFT = "<drafter, greedy walk>"
 DEFAULT_DRAFT = "<drafter>"
+# the trained drafter when given (its drafts get accepted), else the generated one; greedy walk
+BEST_DRAFT = "<best drafter, greedy walk>"
 GREEDY = ["--spec-dflash2-walk", "greedy"]
 
 
@@ -161,6 +163,8 @@ def expand(args):
     for a in args:
         if a == DRAFT:
             out += ["-md", ARGS.draft, "--spec-type", "draft-dflash"] + GREEDY
+        elif a == BEST_DRAFT:
+            out += ["-md", ARGS.trained_draft or ARGS.draft, "--spec-type", "draft-dflash"] + GREEDY
         elif a == DEFAULT_DRAFT:
             out += ["-md", ARGS.draft, "--spec-type", "draft-dflash"]
         else:
@@ -323,6 +327,25 @@ def test_our_flags_fall_back_to_upstream_and_shrink_the_block(ref, upstream, sma
 
 
 @with_servers(("reference", ["-np", "1", "-c", "2048"]),
+              ("own-graph", ["-np", "1", "-c", "2048"] + [BEST_DRAFT]),
+              ("libllama-graph", ["-np", "1", "-c", "2048", "--spec-dflash2-draft-graph", "libllama"] + [BEST_DRAFT]))
+def test_both_draft_graphs_answer_equal_the_no_drafter_server_with_the_same_drafts(ref, own, libllama):
+    # the library's own draft graph (the default) and libllama's dflash graph: the
+    # same ops in the same order on the CPU, so the same drafts step for step
+    for p in PROMPTS:
+        want = ref.chat(p)
+        assert own.chat(p) == want, f"own graph, prompt {p!r}"
+        assert libllama.chat(p) == want, f"libllama's graph, prompt {p!r}"
+    a, b = (s.request("GET", "/slots")[0]["draft"] for s in (own, libllama))
+    assert a["n_drafted"] > 0, a
+    assert (a["n_drafted"], a["n_accepted"]) == (b["n_drafted"], b["n_accepted"]), (a, b)
+    if ARGS.trained_draft:
+        assert a["n_accepted"] > 0, a
+    assert "own draft graph" in own.log_text() and "draft graph: the library's own" in own.log_text()
+    assert "libllama draft graph" in libllama.log_text()
+
+
+@with_servers(("reference", ["-np", "1", "-c", "2048"]),
               ("adaptive", ["-np", "2", "-c", "4096", "--spec-dflash2-walk", "adaptive"] + [DEFAULT_DRAFT]))
 def test_the_adaptive_walk_drafts_chains_where_the_cache_cannot_branch(ref, adaptive):
     # -np 2 without -kvu: a split cache, so the default tree budget yields to
@@ -358,7 +381,9 @@ def test_bad_values_of_our_flags_stop_the_server():
     for flag, value, message in (("--spec-dflash2-block-size", "1", "--spec-dflash2-block-size needs"),
                                  ("--spec-dflash2-ngram", "99", "--spec-dflash2-ngram needs 0 (none) to 16"),
                                  ("--spec-dflash2-adapt-sampled", "maybe",
-                                  "--spec-dflash2-adapt-sampled is on or off, got 'maybe'")):
+                                  "--spec-dflash2-adapt-sampled is on or off, got 'maybe'"),
+                                 ("--spec-dflash2-draft-graph", "mine",
+                                  "--spec-dflash2-draft-graph is own or libllama, got 'mine'")):
         s = Server("bad-flag", [flag, value] + [DRAFT])
         code = s.proc.wait(timeout=60)
         s.log.close()
@@ -938,6 +963,7 @@ TESTS = [
     test_slot_save_and_restore_keep_answers_identical,
     test_a_cancelled_request_leaves_the_server_answering_identically,
     test_our_flags_fall_back_to_upstream_and_shrink_the_block,
+    test_both_draft_graphs_answer_equal_the_no_drafter_server_with_the_same_drafts,
     test_the_adaptive_walk_drafts_chains_where_the_cache_cannot_branch,
     test_bad_values_of_our_flags_stop_the_server,
     test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling,
