@@ -114,8 +114,7 @@ impl OwnDrafter {
     pub fn new(opened: &Opened, setup: &OwnSetup) -> Result<OwnDrafter> {
         let ckpt = &opened.ckpt;
         let spec = Spec::new(ckpt, setup.target.n_embd());
-        let cpu = Backend::cpu()?;
-        let cpu_dev = cpu.describe();
+        let cpu_dev = Backend::cpu()?.describe();
         let dev_of_layer = |il: usize| {
             layer_device(il, spec.n_layer, setup.n_gpu_layers, setup.layers)
                 .map_or_else(|| cpu_dev.clone(), |d| setup.layers[d].clone())
@@ -152,13 +151,17 @@ impl OwnDrafter {
                 devices.push(d);
             }
         }
-        let mut backends = devices.iter().map(Backend::new).collect::<Result<Vec<_>>>()?;
-        backends.push(cpu);
-        let backends = std::sync::Arc::new(backends);
+        // each scheduler has backends of its own (the same devices): they are
+        // used one at a time, but a backend is not shared between owners
+        let backends = || -> Result<Vec<Backend>> {
+            let mut b = devices.iter().map(Backend::new).collect::<Result<Vec<_>>>()?;
+            b.push(Backend::cpu()?);
+            Ok(b)
+        };
         let capacity = graph_capacity(spec.n_layer, setup.n_seq);
         let mut drafter = OwnDrafter {
-            noise_stage: Stage::new(Sched::new(backends.clone(), capacity)?),
-            inject_stage: Stage::new(Sched::new(backends, capacity)?),
+            noise_stage: Stage::new(Sched::new(backends()?, capacity)?),
+            inject_stage: Stage::new(Sched::new(backends()?, capacity)?),
             kv,
             weights,
             ids,

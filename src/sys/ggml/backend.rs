@@ -3,7 +3,6 @@
 
 use std::ffi::CStr;
 use std::ptr::NonNull;
-use std::sync::Arc;
 
 use super::{GraphCtx, Tensor};
 use crate::error::{Error, Result};
@@ -102,9 +101,8 @@ pub fn device_name(dev: ggml_backend_dev_t) -> String {
 /// intermediate tensors and runs it.
 pub struct Sched {
     sched: NonNull<ggml_backend_sched>,
-    // after `sched` in drop order: the scheduler references them (and other
-    // schedulers may share them)
-    backends: Arc<Vec<Backend>>,
+    // after `sched` in drop order: the scheduler references them
+    backends: Vec<Backend>,
 }
 
 // SAFETY: owned exclusively, used by one thread at a time behind the engine's mutex.
@@ -112,9 +110,8 @@ unsafe impl Send for Sched {}
 
 impl Sched {
     /// A scheduler for graphs of up to `graph_size` nodes. The last backend
-    /// must be the CPU's. Schedulers may share backends (each keeps its own
-    /// compute buffers and its last graph allocated), used one at a time.
-    pub fn new(backends: Arc<Vec<Backend>>, graph_size: usize) -> Result<Sched> {
+    /// must be the CPU's.
+    pub fn new(backends: Vec<Backend>, graph_size: usize) -> Result<Sched> {
         let mut raw: Vec<ggml_backend_t> = backends.iter().map(|b| b.ptr.as_ptr()).collect();
         // SAFETY: live backends; NULL buffer types: each backend's default;
         // not parallel (no pipeline copies); ops offloaded where weights are.
