@@ -12,7 +12,9 @@
 #                                   with scripts/server.sh build on the first such run)
 #
 # Options are dflash2-demo's: --draft --prompt --prompts --n-predict --n-max --np
-# --threads --upstream (also run llama.cpp's own draft-dflash) --image --mmproj.
+# --threads --upstream (also run llama.cpp's own draft-dflash) --image --mmproj
+# --draft-graph own|libllama (the drafter's forward: the library's own graph, the
+# default, or libllama's dflash graph).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
