@@ -738,6 +738,12 @@ int32_t llama_spec_dflash2_n_max(struct llama_spec_dflash2 *spec);
 // Noise block width in use (anchor + masks), or a negative status.
 int32_t llama_spec_dflash2_block_size(struct llama_spec_dflash2 *spec);
 
+// The graph that computes the drafter's forward: an `enum
+// llama_spec_dflash2_draft_graph` value (the one `params.draft_graph` asked
+// for, or libllama's where the own graph fell back for a drafter it does not
+// cover), or a negative status.
+int32_t llama_spec_dflash2_draft_graph(struct llama_spec_dflash2 *spec);
+
 // Candidates per drafted token in a sampled draft's q (the drafter's selector
 // top-k, K), or a negative status. llama_spec_dflash2_draft_q writes K
 // entries per drafted token.

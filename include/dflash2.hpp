@@ -317,6 +317,8 @@ struct engine {
     int32_t n_max() const { return check(llama_spec_dflash2_n_max(get()), "n_max"); }
 
     int32_t block_size() const { return check(llama_spec_dflash2_block_size(get()), "block_size"); }
+    // the graph of the drafter's forward: LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN or _LIBLLAMA
+    int32_t draft_graph() const { return check(llama_spec_dflash2_draft_graph(get()), "draft_graph"); }
 
 private:
     engine_ptr ptr;

@@ -64,6 +64,10 @@ struct spec_dflash2 : dflash2_server_spec {
 
     int32_t tree_budget() const override { return tree.n_nodes; }
 
+    const char * draft_graph() const override {
+        return engine.draft_graph() == LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA ? "libllama" : "own";
+    }
+
     bool drafted_branch(llama_seq_id seq_id) const override {
         return tree.active(seq_id) && tree.slots[seq_id].branched;
     }

@@ -77,10 +77,10 @@ std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq
             n_drafting > 0 ? (double) c.n_drafted / n_drafting : 0.0);
     // the verification mode: greedy, rejection-sampling, or "sample-and-match: why"
     // (its reasons have no quotes or backslashes)
-    return string_format("{\"engine\": \"%s\", \"walk\": \"%s\", \"tree_budget\": %d, \"verify\": \"%s\", "
+    return string_format("{\"engine\": \"%s\", \"draft_graph\": \"%s\", \"walk\": \"%s\", \"tree_budget\": %d, \"verify\": \"%s\", "
             "\"n_drafted\": %lld, \"n_accepted\": %lld, \"n_verify_steps\": %lld, \"accepted_at\": [%s], "
             "\"steps\": %s, \"tree\": {\"n_steps\": %lld, \"n_branched\": %lld, \"n_side_accepted\": %lld}}",
-            spec->name(), spec->walk(), spec->tree_budget(), spec->verify_mode(seq_id).c_str(),
+            spec->name(), spec->draft_graph(), spec->walk(), spec->tree_budget(), spec->verify_mode(seq_id).c_str(),
             (long long) c.n_drafted, (long long) c.n_accepted, (long long) c.n_verify_steps, per_pos.c_str(),
             steps.c_str(), (long long) c.n_tree_steps, (long long) c.n_tree_branched,
             (long long) c.n_tree_side_accepted);

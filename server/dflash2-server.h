@@ -92,6 +92,8 @@ struct dflash2_server_spec {
     virtual const char * walk() const { return "greedy"; }
     // the most tree nodes a slot drafts per step (0: chains), for /slots
     virtual int32_t tree_budget() const { return 0; }
+    // the graph of the drafter's forward, "own" or "libllama" (upstream: "-"), for /slots
+    virtual const char * draft_graph() const { return "-"; }
     // whether the last draft of the slot is a tree with a branch (for the counters)
     virtual bool drafted_branch(llama_seq_id seq_id) const { (void) seq_id; return false; }
 

@@ -421,3 +421,35 @@ fn plain_dflash_lattices_rank_libllamas_logits() {
 fn own_mask_token(path: &Path) -> i32 {
     dflash2::checkpoint::open(path).unwrap().mask_token as i32
 }
+
+/// What serves an engine, as the C API reports it: the own graph by default,
+/// libllama's when asked, and libllama's where the own graph falls back (a
+/// quantized draft KV: libllama rotates quantized K/V, the own cache stores
+/// f32, f16 or bf16).
+#[test]
+fn the_c_api_reports_the_graph_that_serves() {
+    use dflash2::ffi::*;
+    // SmolLM2's drafter: its 64-wide heads fit q8_0's blocks of 32
+    let path = common::smollm2();
+    let drafter = common::smollm2_drafter(&path);
+    let target = Target::new(&path, 1, 512, 256);
+    let graph_of = |params: llama_spec_dflash2_params| unsafe {
+        let spec = llama_spec_dflash2_init(target.ctx, common::cstr(&drafter).as_ptr(), params);
+        assert!(!spec.is_null(), "{}", common::last_error());
+        let graph = llama_spec_dflash2_draft_graph(spec);
+        llama_spec_dflash2_free(spec);
+        graph
+    };
+    let own = llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN as i32;
+    let lib = llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA as i32;
+    let mut params = llama_spec_dflash2_default_params();
+    assert_eq!(graph_of(params), own);
+    params.draft_graph = lib;
+    assert_eq!(graph_of(params), lib);
+    params.draft_graph = own;
+    params.type_k = 8; // q8_0
+    params.type_v = 8;
+    assert_eq!(graph_of(params), lib, "a quantized draft KV falls back to libllama's graph");
+    let rc = unsafe { llama_spec_dflash2_draft_graph(std::ptr::null_mut()) };
+    assert_eq!(rc, common::status_code("NULL_ARGUMENT"));
+}

@@ -155,6 +155,9 @@ int main(int argc, char ** argv) {
         }
         printf("\n  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
                 s.t_target_us / 1e3, s.t_drafter_us() / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
+        printf("  dflash2 draft graph: %s\n", s.draft_graph == LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA
+                ? "libllama's dflash graph (--draft-graph libllama)"
+                : "the library's own (its weights, draft KV cache and graph on the linked ggml; --draft-graph libllama: libllama's)");
         print_verdict(ar.stats, s);
 #ifdef HOST_WITH_MTMD
         if (image) {

@@ -369,3 +369,21 @@ pub unsafe extern "C" fn llama_spec_dflash2_n_max(spec: *mut llama_spec_dflash2)
 pub unsafe extern "C" fn llama_spec_dflash2_block_size(spec: *mut llama_spec_dflash2) -> i32 {
     engine_value(spec, |e| Ok(e.limits().block_size as i32))
 }
+
+/// The graph that computes the drafter's forward: an `enum
+/// llama_spec_dflash2_draft_graph` value (the one `params.draft_graph` asked
+/// for, or libllama's where the own graph fell back for a drafter it does not
+/// cover), or a negative status.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_draft_graph(spec: *mut llama_spec_dflash2) -> i32 {
+    engine_value(spec, |e| {
+        Ok(match e.draft_graph() {
+            crate::engine::DraftGraph::Own => {
+                crate::params::llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN
+            }
+            crate::engine::DraftGraph::Libllama => {
+                crate::params::llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA
+            }
+        } as i32)
+    })
+}

@@ -343,6 +343,7 @@ def test_both_draft_graphs_answer_equal_the_no_drafter_server_with_the_same_draf
         assert a["n_accepted"] > 0, a
     assert "own draft graph" in own.log_text() and "draft graph: the library's own" in own.log_text()
     assert "libllama draft graph" in libllama.log_text()
+    assert (a["draft_graph"], b["draft_graph"]) == ("own", "libllama"), (a, b)
 
 
 @with_servers(("reference", ["-np", "1", "-c", "2048"]),

@@ -20,8 +20,10 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk, int32_t draf
     return params;
 }
 
-void host_add_engine_stats(host_stats & stats, const dflash2::stats & s) {
-    stats.has_split = true;
+void host_add_engine_stats(host_stats & stats, const dflash2::engine & engine) {
+    const dflash2::stats s = engine.get_stats();
+    stats.has_split   = true;
+    stats.draft_graph = engine.draft_graph();
     stats.t_inject_us += (int64_t) s.t_inject_us;
     stats.t_noise_us  += (int64_t) s.t_draft_us;
     stats.t_walk_us   += (int64_t) s.t_walk_us;
@@ -86,7 +88,7 @@ struct drafter_dflash2 : host_drafter {
 
     void reset_stats() override { engine.reset_stats(); }
 
-    void add_stats(host_stats & stats) const override { host_add_engine_stats(stats, engine.get_stats()); }
+    void add_stats(host_stats & stats) const override { host_add_engine_stats(stats, engine); }
 };
 
 } // namespace

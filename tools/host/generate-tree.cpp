@@ -146,7 +146,7 @@ struct tree_wave : host_wave_runner {
         }
     }
 
-    void finish() override { host_add_engine_stats(stats, engine.get_stats()); }
+    void finish() override { host_add_engine_stats(stats, engine); }
 
   private:
     // one tree draft + verify step of every active stream

@@ -111,6 +111,7 @@ struct host_stats {
 
     // dflash2 only, generation phase: its own split of the drafter time
     bool    has_split    = false;
+    int32_t draft_graph  = -1; // LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_* of the engine (-1: not dflash2)
     int64_t t_inject_us  = 0; // injection decodes
     int64_t t_noise_us   = 0; // noise-block decodes
     int64_t t_walk_us    = 0; // lattice walks
@@ -255,7 +256,7 @@ std::unique_ptr<host_drafter> make_drafter_dflash2(host_target & tgt, int32_t wa
 dflash2::params host_engine_params(host_target & tgt, int32_t walk, int32_t draft_graph = -1);
 // adds an engine's time split (inject, draft decode, walk, feature copy) and its
 // draft-temperature tuning counts to stats
-void host_add_engine_stats(host_stats & stats, const dflash2::stats & s);
+void host_add_engine_stats(host_stats & stats, const dflash2::engine & engine);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
