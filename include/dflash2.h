@@ -50,8 +50,9 @@
 // min_p (appended; zero cuts nothing): q cut like the host sampler's p.
 // 9: params.draft_graph (appended; default own): the library runs the
 // drafter's forward itself (its own weights, draft KV cache and graph on the
-// linked ggml) instead of libllama's dflash graph; plain DFlash drafters (no
-// selector) are served (own graph only); state blobs of the own graph hold
+// linked ggml) instead of libllama's dflash graph, and
+// llama_spec_dflash2_draft_graph() says which serves; plain DFlash drafters
+// (no selector) are served (own graph only); state blobs of the own graph hold
 // its own cache format (blob version 4: a blob saved by one graph is refused
 // by an engine on the other, and older blobs are refused).
 #define LLAMA_SPEC_DFLASH2_API_VERSION 9
