@@ -201,13 +201,8 @@ fn state_blobs_with_cells_libllama_cannot_remove_leave_nothing_behind() {
         let mut params = default_params(n_seq);
         params.draft_graph = llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA as i32;
         let spec = Spec::new(&target, &fx.drafter, params);
-        let empty = state_of(&spec, 0);
-        let p = prompt(&target);
-        let prompts: Vec<Vec<i32>> = (0..n_seq as usize).map(|s| p[..p.len() - s].to_vec()).collect();
-        let mut streams = prefill(&mut target, &spec, &prompts);
-        let clean = state_of(&spec, 0);
-        let others: Vec<Vec<u8>> = (1..n_seq as i32).map(|s| state_of(&spec, s)).collect();
-        let at = first_cell_pos_at(&clean, p.len());
+        let Saved { empty, prompts, mut streams, clean, others } = saved_states(&mut target, &spec, n_seq);
+        let at = first_cell_pos_at(&clean, prompts[0].len());
         for poison in [-1, -65494, i32::MIN, i32::MAX] {
             let mut blob = clean.clone();
             blob[at..at + 4].copy_from_slice(&poison.to_le_bytes());
@@ -221,6 +216,27 @@ fn state_blobs_with_cells_libllama_cannot_remove_leave_nothing_behind() {
         }
         assert_clean_blob_goes_on_losslessly(&mut target, &spec, &clean, &prompts, &mut streams);
     }
+}
+
+/// A fresh engine's states before and after prompts of `n_seq` sequences.
+struct Saved {
+    /// Sequence 0 before its prompt.
+    empty: Vec<u8>,
+    prompts: Vec<Vec<i32>>,
+    streams: Vec<common::spec::Stream>,
+    /// Sequence 0 after its prompt, and the other sequences.
+    clean: Vec<u8>,
+    others: Vec<Vec<u8>>,
+}
+
+fn saved_states(target: &mut Target, spec: &Spec, n_seq: u32) -> Saved {
+    let empty = state_of(spec, 0);
+    let p = prompt(target);
+    let prompts: Vec<Vec<i32>> = (0..n_seq as usize).map(|s| p[..p.len() - s].to_vec()).collect();
+    let streams = prefill(target, spec, &prompts);
+    let clean = state_of(spec, 0);
+    let others = (1..n_seq as i32).map(|s| state_of(spec, s)).collect();
+    Saved { empty, prompts, streams, clean, others }
 }
 
 /// `blob` is refused three times in a row, sequence 0 saves as the empty
@@ -272,14 +288,9 @@ fn own_graph_state_blobs_with_forged_cells_change_nothing() {
     for n_seq in [1u32, 2] {
         let mut target = Target::new(&fx.target, n_seq, 512 * n_seq, 512);
         let spec = Spec::new(&target, &fx.drafter, default_params(n_seq));
-        let empty = state_of(&spec, 0);
-        let p = prompt(&target);
-        let prompts: Vec<Vec<i32>> = (0..n_seq as usize).map(|s| p[..p.len() - s].to_vec()).collect();
-        let mut streams = prefill(&mut target, &spec, &prompts);
-        let clean = state_of(&spec, 0);
-        let others: Vec<Vec<u8>> = (1..n_seq as i32).map(|s| state_of(&spec, s)).collect();
-        let at = own_first_cell_at(&clean, p.len());
-        let kv = kv_bytes_at(&clean, p.len());
+        let Saved { empty, prompts, mut streams, clean, others } = saved_states(&mut target, &spec, n_seq);
+        let at = own_first_cell_at(&clean, prompts[0].len());
+        let kv = kv_bytes_at(&clean, prompts[0].len());
         let forgeries: Vec<(usize, u32)> = vec![
             (at, u32::MAX), // a cell at -1
             (at, 1 << 30),  // far past the cache
