@@ -55,7 +55,12 @@
 // (no selector) are served (own graph only); state blobs of the own graph hold
 // its own cache format (blob version 4: a blob saved by one graph is refused
 // by an engine on the other, and older blobs are refused).
-#define LLAMA_SPEC_DFLASH2_API_VERSION 9
+// 10: targets split by tensor (-sm tensor) are served: the own draft graph
+// reads the target's head by its per-device vocabulary slices (a partial
+// top-k on each device, merged); stats gained n_noise_decodes,
+// n_head_slices, head_bytes_moved, head_bytes_full_gather and
+// head_bytes_mirrored (appended).
+#define LLAMA_SPEC_DFLASH2_API_VERSION 10
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -494,6 +499,22 @@ struct llama_spec_dflash2_stats {
   // a multiple of the request's (0 when none; API version 8).
   uint64_t n_tuned_drafts;
   double mean_draft_temperature_ratio;
+  // Noise-block decodes: the drafter's forward passes (API version 10).
+  uint64_t n_noise_decodes;
+  // How the draft graph reads the target's output head: 1 whole, N > 1 in
+  // N vocabulary slices where a target split by tensor (-sm tensor) keeps
+  // them, 0 when the drafter has its own head (API version 10).
+  uint64_t n_head_slices;
+  // Bytes that crossed devices to read a sliced head, over all noise
+  // decodes: the hidden states to each slice's device, each slice's top-k
+  // candidates (ids and logits) to the merge (0 for a whole head).
+  uint64_t head_bytes_moved;
+  // What gathering every slice's logits to the merge instead would have
+  // moved on the same decodes (hidden states' copies included).
+  uint64_t head_bytes_full_gather;
+  // Bytes a copy of the whole head on every slice's device would take
+  // beyond the one head the target holds (memory, not per step).
+  uint64_t head_bytes_mirrored;
 };
 
 #ifdef __cplusplus

@@ -240,6 +240,14 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 printf(" %d:%.0f%%", j + 1, s.drafted_at[j] ? 100.0 * s.accepted_at[j] / s.drafted_at[j] : 0.0);
             }
             printf("\n");
+            if (r->median().n_head_slices > 1 && r->median().n_noise_decodes > 0) {
+                const host_stats & s = r->median();
+                const double per = 1.0 / s.n_noise_decodes;
+                printf("    %-8s target head read in %lld vocabulary slices: %.0f bytes crossed devices per draft "
+                        "decode (a full-logit gather: %.0f; a mirrored head: 0 but %.1f MiB more memory)\n",
+                        r->mode.c_str(), (long long) s.n_head_slices, s.head_bytes_moved * per,
+                        s.head_bytes_full_gather * per, s.head_bytes_mirrored / 1048576.0);
+            }
             if (r->median().n_tuned_drafts > 0) {
                 const host_stats & s = r->median();
                 printf("    %-8s draft temperature chosen by the library: %.2f x --temp on average over %lld drafts\n",
@@ -335,7 +343,13 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             out << ", \"inject\": " << s.t_inject_us / 1e3 << ", \"draft_decode\": " << s.t_noise_us / 1e3
                 << ", \"walk\": " << s.t_walk_us / 1e3 << ", \"feature_copy\": " << s.t_copy_us / 1e3;
         }
-        out << "}, \"identical_to_ar\": ";
+        out << "}";
+        if (s.has_split) {
+            out << ", \"head\": {\"slices\": " << s.n_head_slices << ", \"noise_decodes\": " << s.n_noise_decodes
+                << ", \"bytes_moved\": " << s.head_bytes_moved << ", \"bytes_full_gather\": "
+                << s.head_bytes_full_gather << ", \"bytes_mirrored\": " << s.head_bytes_mirrored << "}";
+        }
+        out << ", \"identical_to_ar\": ";
         if (r.comparable) {
             out << "[";
             for (size_t i = 0; i < r.identical.size(); ++i) {

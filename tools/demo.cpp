@@ -158,6 +158,12 @@ int main(int argc, char ** argv) {
         printf("  dflash2 draft graph: %s\n", s.draft_graph == LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA
                 ? "libllama's dflash graph (--draft-graph libllama)"
                 : "the library's own (its weights, draft KV cache and graph on the linked ggml; --draft-graph libllama: libllama's)");
+        if (s.n_head_slices > 1 && s.n_noise_decodes > 0) {
+            printf("  dflash2 target head: read in %lld vocabulary slices where -sm tensor keeps them; %.0f bytes crossed "
+                    "devices per draft decode (gathering the logits: %.0f; a head on every device: %.1f MiB more)\n",
+                    (long long) s.n_head_slices, (double) s.head_bytes_moved / s.n_noise_decodes,
+                    (double) s.head_bytes_full_gather / s.n_noise_decodes, s.head_bytes_mirrored / 1048576.0);
+        }
         print_verdict(ar.stats, s);
 #ifdef HOST_WITH_MTMD
         if (image) {

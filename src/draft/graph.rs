@@ -13,6 +13,7 @@
 use super::batch::{NoiseInputs, Run};
 use super::conv::conv;
 use super::kv::KvCache;
+use super::lattice;
 use super::names::{LayerIds, ModelIds};
 use super::spec::Spec;
 use super::weights::{WeightId, Weights};
@@ -20,12 +21,21 @@ use crate::checkpoint::Activation;
 use crate::sys::ggml::{GraphCtx, Tensor, row_size};
 use crate::sys::{GGML_ROPE_TYPE_NEOX, GGML_TYPE_F16, GGML_TYPE_F32, GGML_TYPE_I32, GGML_TYPE_I64};
 
-/// The target's tensors the drafter reads in place (never copied).
+/// A part of the target's output head: all of it, or (a head split by
+/// tensor, `-sm tensor`) its vocabulary rows from `first` on, on one device,
+/// with the head's scale on that device.
 #[derive(Clone, Copy)]
+pub struct HeadSlice<'a> {
+    pub weight: Tensor<'a>,
+    pub scale: Option<Tensor<'a>>,
+    pub first: i64,
+}
+
+/// The target's tensors the drafter reads in place (never copied).
 pub struct TargetHead<'a> {
     pub tok_embd: Tensor<'a>,
-    pub output: Tensor<'a>,
-    pub output_scale: Option<Tensor<'a>>,
+    /// One slice (the whole head), or its vocabulary slices in order.
+    pub output: Vec<HeadSlice<'a>>,
 }
 
 /// Everything a graph is built from.
@@ -49,6 +59,20 @@ pub mod io {
     pub const CELLS: &str = "inp_kv_cells";
     pub const SHIFT: &str = "inp_shift";
     pub const LATTICE: &str = "lattice";
+    /// The hidden states the head reads, and (a head split by tensor) the
+    /// merge of its slices' candidates.
+    pub const HEAD_IN: &str = "head_in";
+    pub const HEAD_MERGE: &str = "head_merge";
+
+    /// Logits of slice `j` of a split head.
+    pub fn head_logits(j: usize) -> String {
+        format!("head_logits_{j}")
+    }
+
+    /// Candidate ids of slice `j` (as they leave its device).
+    pub fn head_part(j: usize) -> String {
+        format!("head_part_{j}")
+    }
 
     /// The mask of attention run `run` (windowed layers: `swa`).
     pub fn mask(run: usize, swa: bool) -> String {
@@ -308,15 +332,21 @@ impl<'a> Net<'a> {
             x = self.layer(il, x, &inp, batch);
         }
         let hidden = self.norm(x, self.ids.output_norm);
+        g.name(hidden, io::HEAD_IN);
         // the head for every row, the anchor's too (its lattice row is zeros):
         // ggml's CPU matmul tiles batches of 4 rows, so a block of 8 costs
         // less through the vocabulary-wide head than its 7 drafted rows alone
-        let logits = match self.ids.output {
-            Some(own) => self.g.mul_mat(self.t(own), hidden),
-            None => self.mm(self.head.output, hidden, self.head.output_scale),
+        let k = s.top_k;
+        let head = |slice: &HeadSlice<'a>| self.output_transforms(self.mm(slice.weight, hidden, slice.scale));
+        let picked = match (self.ids.output, self.head.output.as_slice()) {
+            (Some(own), _) => lattice::select(g, self.output_transforms(g.mul_mat(self.t(own), hidden)), k),
+            (None, [whole]) => lattice::select(g, head(whole), k),
+            (None, slices) => {
+                let logits: Vec<_> = slices.iter().map(|sl| (head(sl), sl.first)).collect();
+                lattice::select_sharded(g, &logits, k)
+            }
         };
-        let logits = self.output_transforms(logits);
-        let lattice = super::lattice::build(self, logits, hidden, tokens, batch.width as i64);
+        let lattice = lattice::build(self, picked, hidden, tokens, batch.width as i64);
         g.name(lattice, io::LATTICE);
         g.output(lattice);
         g.expand(lattice);

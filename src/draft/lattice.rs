@@ -13,24 +13,79 @@
 //! llama.cpp's driver drafts for such a drafter) and trees branch on the
 //! next-best logits.
 
-use super::graph::Net;
-use crate::sys::ggml::Tensor;
+use super::graph::{Net, io};
+use crate::sys::ggml::{GraphCtx, Tensor};
 use crate::sys::{GGML_TYPE_F32, GGML_TYPE_I32};
 
-/// Lattice rows of the noise graph from its logits [n_vocab, n] and final
-/// hidden states [n_embd, n]; `tokens` [n] is the graph's token input.
-pub fn build<'a>(net: &Net<'a>, logits: Tensor<'a>, hidden: Tensor<'a>, tokens: Tensor<'a>, width: i64) -> Tensor<'a> {
+/// Each row's `k` candidates: their ids (I32 [k, n]) and logits (F32 [k, n]).
+#[derive(Clone, Copy)]
+pub struct Candidates<'a> {
+    pub ids: Tensor<'a>,
+    pub logits: Tensor<'a>,
+}
+
+/// The top `k` of logits [n_vocab, n] (ggml's top-k: in no particular order),
+/// and the logits at them.
+pub fn select<'a>(g: &'a GraphCtx, logits: Tensor<'a>, k: i64) -> Candidates<'a> {
+    let n = logits.ne()[1];
+    let ids = g.top_k(logits, k as i32);
+    let rows = g.reshape(logits, &[1, logits.ne()[0], n]);
+    Candidates { ids, logits: g.reshape(g.get_rows(rows, ids), &[k, n]) }
+}
+
+/// The top `k` of logits split by vocabulary rows over devices (a head split
+/// by tensor): `slices` are each slice's logits [rows, n] with the id of its
+/// first row. Each slice's top k is taken where its logits are (the slice's
+/// device); only those k ids and logits per slice and row travel, to be
+/// merged by a top k of the union: the top k of every slice together holds
+/// the top k of the whole row, so the merge picks the same candidates and
+/// logits as a top k of the unsplit row (among tokens tied at the k-th logit,
+/// ggml's top-k keeps any, split or not).
+///
+/// Nodes are named for the traffic count (`io::head_logits`, `io::head_part`,
+/// `io::HEAD_MERGE`).
+pub fn select_sharded<'a>(g: &'a GraphCtx, slices: &[(Tensor<'a>, i64)], k: i64) -> Candidates<'a> {
+    let mut ids: Option<Tensor<'a>> = None;
+    let mut logits: Option<Tensor<'a>> = None;
+    for (j, &(slice, first)) in slices.iter().enumerate() {
+        let k_slice = k.min(slice.ne()[0]);
+        g.name(slice, &io::head_logits(j));
+        if k_slice == 0 {
+            continue;
+        }
+        let part = select(g, slice, k_slice);
+        // ids travel as f32 from here (exact below 2^24, as in the lattice)
+        let part_ids = g.scale_bias(g.cast(part.ids, GGML_TYPE_F32), 1.0, first as f32);
+        g.name(part_ids, &io::head_part(j));
+        ids = Some(ids.map_or(part_ids, |acc| g.concat(acc, part_ids, 0)));
+        logits = Some(logits.map_or(part.logits, |acc| g.concat(acc, part.logits, 0)));
+    }
+    let (ids, logits) = (ids.expect("a head with rows"), logits.expect("a head with rows"));
+    let (m, n) = (logits.ne()[0], logits.ne()[1]);
+    let picked = g.top_k(logits, k as i32);
+    g.name(picked, io::HEAD_MERGE);
+    let pick = |t: Tensor<'a>| g.reshape(g.get_rows(g.reshape(t, &[1, m, n]), picked), &[k, n]);
+    Candidates { ids: g.cast(pick(ids), GGML_TYPE_I32), logits: pick(logits) }
+}
+
+/// Lattice rows of the noise graph from each row's candidates (`select`) and
+/// final hidden states [n_embd, n]; `tokens` [n] is the graph's token input.
+pub fn build<'a>(
+    net: &Net<'a>,
+    picked: Candidates<'a>,
+    hidden: Tensor<'a>,
+    tokens: Tensor<'a>,
+    width: i64,
+) -> Tensor<'a> {
     let g = net.g;
     let s = net.spec;
-    let n = logits.ne()[1];
+    let n = picked.ids.ne()[1];
     let k = s.top_k;
     let n_blocks = n / width;
     let rows = width.min(s.block_size);
     let row_used = k + k * k;
 
-    let candidates = g.top_k(logits, k as i32);
-    let logits_rows = g.reshape(logits, &[1, logits.ne()[0], n]);
-    let unary = g.reshape(g.get_rows(logits_rows, candidates), &[k, n]);
+    let Candidates { ids: candidates, logits: unary } = picked;
 
     // everything below indexes [.., width, n_blocks]: the block position varies
     // fastest, sequences are the outer dimension

@@ -38,7 +38,8 @@ use crate::sys::{
 
 use batch::{InjectInputs, NoiseInputs};
 pub use batch::{InjectRow, NoiseBlock};
-use graph::{Net, TargetHead as HeadTensors, io};
+
+use graph::{HeadSlice, Net, TargetHead as HeadTensors, io};
 use kv::KvCache;
 use names::ModelIds;
 use spec::Spec;
@@ -65,6 +66,21 @@ pub struct OwnSetup<'a> {
     pub n_threads: i32,
 }
 
+/// What reading a head split by tensor moves between devices (`OwnDrafter::head_traffic`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeadTraffic {
+    /// Slices the target's head is read in (1: whole).
+    pub slices: u64,
+    /// Bytes the last noise decode moved: the hidden states to each slice's
+    /// device, each slice's candidates (ids and logits) to the merge.
+    pub moved: u64,
+    /// What gathering every slice's logits to the merge would have moved on
+    /// the same decode (the hidden states' copies included).
+    pub full_gather: u64,
+    /// Bytes a copy of the whole head on every slice's device would add.
+    pub mirrored: u64,
+}
+
 /// The drafter with its own graph.
 pub struct OwnDrafter {
     // drop order: the schedulers (their buffers back graphs over the tensors
@@ -85,6 +101,8 @@ pub struct OwnDrafter {
     /// The devices besides the CPU the drafter runs on: its layers', and the
     /// target head's when the drafter reads it elsewhere (empty: the CPU only).
     devices: Vec<Device>,
+    /// Of the last noise decode.
+    traffic: HeadTraffic,
 }
 
 /// Tensors and nodes a graph of `n_blocks` noise blocks may create: a layer
@@ -133,7 +151,7 @@ impl OwnDrafter {
         };
         let weights = Weights::load(&opened.file, opened.data_offset, &opened.tensors, device_of)?;
         let ids = ModelIds::resolve(&weights, spec.n_layer, ckpt.selector)?;
-        let head = TargetHead::find(setup.target)?;
+        let head = TargetHead::find(setup.target, setup.layers.first().map(|d| d.dev))?;
         let types: (ggml_type, ggml_type) =
             (setup.type_k.unwrap_or(GGML_TYPE_F16), setup.type_v.unwrap_or(GGML_TYPE_F16));
         let kv =
@@ -141,12 +159,16 @@ impl OwnDrafter {
 
         // backends: every device that holds a weight, the cache or a target
         // tensor the graph reads; the CPU last, as the scheduler requires
-        let head_devices = [
-            ids.tok_embd.is_none().then(|| head.tok_embd().device()).flatten(),
-            ids.output.is_none().then(|| head.output().device()).flatten(),
-        ];
+        // (a head split by tensor: each slice's device)
+        let mut head_devices: Vec<Device> = Vec::new();
+        if ids.tok_embd.is_none() {
+            head_devices.extend(head.tok_embd().device());
+        }
+        if ids.output.is_none() {
+            head_devices.extend(head.output().iter().filter_map(|(w, _, _)| w.device()));
+        }
         let mut devices: Vec<Device> = Vec::new();
-        for d in setup.layers.iter().chain(setup.head).cloned().chain(head_devices.into_iter().flatten()) {
+        for d in setup.layers.iter().chain(setup.head).cloned().chain(head_devices) {
             if d.kind != DeviceKind::Cpu && !devices.iter().any(|x| x.dev == d.dev) {
                 devices.push(d);
             }
@@ -172,18 +194,44 @@ impl OwnDrafter {
             n_threads: setup.n_threads.max(1),
             n_ubatch: setup.n_ubatch,
             devices,
+            traffic: HeadTraffic::default(),
         };
         drafter.flash_attn = drafter.layers_support_flash_attn()?;
         drafter.reserve(setup.n_seq, ckpt.block_size as usize)?;
         log::info(&format!(
-            "draft graph: the library's own ({} layers, {}, flash attention {}, weights {:.1} MiB, KV {:.1} MiB)",
+            "draft graph: the library's own ({} layers, {}, flash attention {}, weights {:.1} MiB, KV {:.1} MiB{})",
             drafter.spec.n_layer,
             if drafter.spec.selector.is_some() { "DFlash2" } else { "plain DFlash" },
             if drafter.flash_attn { "on" } else { "off" },
             drafter.weights.bytes() as f64 / (1 << 20) as f64,
             drafter.kv.bytes_on(None) as f64 / (1 << 20) as f64,
+            drafter.describe_head_slices(),
         ));
         Ok(drafter)
+    }
+
+    /// ", the target's head in N vocabulary slices: RPC0 [0, 500), ..." for a
+    /// head split by tensor (empty otherwise).
+    fn describe_head_slices(&self) -> String {
+        let parts = self.head.output();
+        if self.ids.output.is_some() || parts.len() < 2 {
+            return String::new();
+        }
+        let n_vocab = self.spec.n_vocab;
+        let ends = parts.iter().skip(1).map(|p| p.2).chain([n_vocab]);
+        let slices: Vec<String> = parts
+            .iter()
+            .zip(ends)
+            .map(|((w, _, first), end)| {
+                format!("{} [{first}, {end})", w.device().map_or_else(|| "?".into(), |d| d.name))
+            })
+            .collect();
+        format!(
+            ", the target's head in {} vocabulary slices: {}; a partial top-{} on each",
+            parts.len(),
+            slices.join(", "),
+            self.spec.top_k
+        )
     }
 
     /// Whether every layer's device runs ggml's fused attention on this
@@ -269,11 +317,54 @@ impl OwnDrafter {
             }
         }
         noise_stage.compute(*n_threads)?;
-        let lattice = input(noise_stage.graph_kept()?, io::LATTICE)?;
+        self.traffic = self.count_head_traffic()?;
+        let lattice = input(self.noise_stage.graph_kept()?, io::LATTICE)?;
         let mut out = vec![0.0f32; lattice.n_elements() as usize];
         lattice.read(0, &mut out)?;
         debug_assert_eq!(lattice.ty(), GGML_TYPE_F32);
         Ok(out)
+    }
+
+    /// What the last noise decode moved between devices to read the target's
+    /// head (nothing when it is whole or the drafter has its own).
+    pub fn head_traffic(&self) -> HeadTraffic {
+        self.traffic
+    }
+
+    /// Counts, on the kept noise graph, the bytes that crossed devices to
+    /// read a split head: by the devices the scheduler gave its nodes.
+    fn count_head_traffic(&self) -> Result<HeadTraffic> {
+        let parts = self.head.output();
+        let mut t = HeadTraffic { slices: parts.len() as u64, ..HeadTraffic::default() };
+        if self.ids.output.is_some() || parts.len() < 2 {
+            t.slices = if self.ids.output.is_some() { 0 } else { 1 };
+            return Ok(t);
+        }
+        let g = self.noise_stage.graph_kept()?;
+        let sched = self.noise_stage.sched();
+        let hidden = input(g, io::HEAD_IN)?;
+        let merge = sched.device_of(input(g, io::HEAD_MERGE)?);
+        let hidden_dev = sched.device_of(hidden);
+        let hidden_bytes = hidden.nbytes() as u64;
+        let mut head_bytes = 0u64;
+        for (j, (weight, _, _)) in parts.iter().enumerate() {
+            let logits = input(g, &io::head_logits(j))?;
+            let at = sched.device_of(logits);
+            let copy_in = if at != hidden_dev { hidden_bytes } else { 0 };
+            t.moved += copy_in;
+            t.full_gather += copy_in;
+            if at != merge {
+                t.full_gather += logits.nbytes() as u64;
+                if let Some(part) = g.tensor(&io::head_part(j)) {
+                    // ids and logits: 2 x 4 bytes per candidate
+                    t.moved += 2 * part.nbytes() as u64;
+                }
+            }
+            head_bytes += weight.nbytes() as u64;
+        }
+        // each device holding it all: S copies of the head instead of one
+        t.mirrored = head_bytes * (parts.len() as u64 - 1);
+        Ok(t)
     }
 
     /// Forgets positions [p0, p1) of a stream (llama's bounds).
@@ -423,7 +514,14 @@ fn net<'a>(
         ids,
         spec,
         kv,
-        head: HeadTensors { tok_embd: head.tok_embd(), output: head.output(), output_scale: head.output_scale() },
+        head: HeadTensors {
+            tok_embd: head.tok_embd(),
+            output: head
+                .output()
+                .into_iter()
+                .map(|(weight, scale, first)| HeadSlice { weight, scale, first })
+                .collect(),
+        },
         flash_attn,
     }
 }

@@ -186,6 +186,9 @@ impl Engine {
         let t = Instant::now();
         let rows = self.drafter.noise(&noise, width, self.mask_token);
         self.stats.t_draft_us += us_since(t);
+        if rows.is_ok() {
+            self.stats.record_noise(&self.drafter.head_traffic());
+        }
         if let Some(policy) = self.policy.as_mut() {
             policy.draft_decode_seen(blocks.len() * width, t.elapsed().as_secs_f64());
         }

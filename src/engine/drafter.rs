@@ -4,7 +4,7 @@
 //! rows at dense positions, decode noise blocks into lattice rows, edit and
 //! save a sequence's cells.
 
-use crate::draft::{InjectRow, NoiseBlock, OwnDrafter};
+use crate::draft::{HeadTraffic, InjectRow, NoiseBlock, OwnDrafter};
 use crate::error::{Error, Result};
 use crate::sys::{Batch, Device, DraftContext, DraftModel, MemoryUse};
 
@@ -93,6 +93,15 @@ impl Drafter {
                     ))
                 })
             }
+        }
+    }
+
+    /// What the last noise decode moved between devices to read a target head
+    /// split by tensor (libllama's graph never reads one: whole, nothing moved).
+    pub fn head_traffic(&self) -> HeadTraffic {
+        match self {
+            Drafter::Own(d) => d.head_traffic(),
+            Drafter::Libllama(_) => HeadTraffic { slices: 1, ..HeadTraffic::default() },
         }
     }
 

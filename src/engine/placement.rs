@@ -17,9 +17,10 @@
 //!   added to its scheduler with no layers on it (a zero share of the split), so
 //!   the head's product runs where the head is instead of aborting;
 //! - head split over devices (`-sm tensor`, a meta device): a drafter that reads
-//!   it is refused (its selector's top-k and row gathers would run on a
-//!   vocabulary-split head: upstream's abort); one with its own head needs named
-//!   devices;
+//!   it goes on the split's first device (or the named ones) and reads the
+//!   head's slices where they are: its graph takes a partial top-k on each
+//!   slice's device and merges them (`crate::draft::lattice`; libllama's graph
+//!   cannot: upstream's abort). One with its own head needs named devices;
 //! - the head's device unknown (a libllama without `llama_model::dev_output`):
 //!   every device of the target, as before.
 //!
@@ -65,6 +66,9 @@ pub struct PlacementInput<'a> {
     pub head: Option<Device>,
     /// Every device the target model uses (the fallback).
     pub target_devices: &'a [Device],
+    /// A head split by tensor: the devices of its slices, in order (empty:
+    /// not split, or its slices could not be found).
+    pub head_slices: &'a [Device],
 }
 
 /// Where the drafter goes.
@@ -89,16 +93,21 @@ impl Placement {
 
 /// The drafter's placement, by the rule above.
 pub fn choose(input: PlacementInput) -> Result<Placement> {
-    let PlacementInput { named, reads_target_head, head, target_devices } = input;
+    let PlacementInput { named, reads_target_head, head, target_devices, head_slices } = input;
     let only = |layers: Vec<Device>| Placement { layers, head: None };
     if let Some(head) = head.as_ref().filter(|h| h.kind == DeviceKind::Meta) {
         if reads_target_head {
-            return Err(Error::unsupported(format!(
-                "the target's output head is split over several devices ({}: split by tensor, -sm tensor), and the \
-                 drafter reads it: its selector's top-k and row gathers cannot run on a vocabulary-split head. Split \
-                 the target by layer (-sm layer), or use a drafter with its own output head and token embeddings",
-                head.name
-            )));
+            let Some(first) = head_slices.first() else {
+                return Err(Error::unsupported(format!(
+                    "the target's output head is split over several devices ({}: split by tensor, -sm tensor), the \
+                     drafter reads it, and its per-device slices cannot be found in this ggml. Split the target by \
+                     layer (-sm layer), or use a drafter with its own output head and token embeddings",
+                    head.name
+                )));
+            };
+            // the graph reads each slice where it is (its devices join the
+            // drafter's scheduler); the layers go with the first slice
+            return Ok(named.map_or_else(|| only(vec![first.clone()]), only));
         }
         return named.map(only).ok_or_else(|| {
             Error::unsupported(format!(
@@ -187,7 +196,7 @@ mod tests {
     }
 
     fn place(named: Option<Vec<Device>>, reads: bool, head: Option<Device>, target: &[Device]) -> Result<Placement> {
-        choose(PlacementInput { named, reads_target_head: reads, head, target_devices: target })
+        choose(PlacementInput { named, reads_target_head: reads, head, target_devices: target, head_slices: &[] })
     }
 
     fn on(layers: Vec<Device>) -> Placement {
@@ -225,13 +234,26 @@ mod tests {
     }
 
     #[test]
-    fn a_tensor_split_head_is_refused_for_a_drafter_that_reads_it() {
-        let err = place(None, true, Some(meta()), &[meta()]).unwrap_err();
+    fn a_tensor_split_head_takes_the_drafter_to_its_first_slice() {
+        let slices = [vk(), rpc()];
+        let split = |named: Option<Vec<Device>>, reads: bool, slices: &[Device]| {
+            choose(PlacementInput {
+                named,
+                reads_target_head: reads,
+                head: Some(meta()),
+                target_devices: &[meta()],
+                head_slices: slices,
+            })
+        };
+        assert_eq!(split(None, true, &slices).unwrap(), on(vec![vk()]));
+        assert_eq!(split(Some(vec![rpc()]), true, &slices).unwrap(), on(vec![rpc()]));
+        // slices not found (a stripped ggml): refused, with the way out
+        let err = split(None, true, &[]).unwrap_err();
         assert_eq!(err.status, Status::LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED);
-        assert!(err.message.contains("-sm tensor"), "{}", err.message);
-        assert!(place(Some(vec![vk()]), true, Some(meta()), &[meta()]).is_err());
-        assert_eq!(place(Some(vec![vk()]), false, Some(meta()), &[meta()]).unwrap(), on(vec![vk()]));
-        assert!(place(None, false, Some(meta()), &[meta()]).is_err());
+        assert!(err.message.contains("-sm layer"), "{}", err.message);
+        // its own head: named devices, as before
+        assert_eq!(split(Some(vec![vk()]), false, &slices).unwrap(), on(vec![vk()]));
+        assert!(split(None, false, &slices).is_err());
     }
 
     #[test]

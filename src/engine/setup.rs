@@ -9,6 +9,7 @@ use crate::draft::{OwnDrafter, OwnSetup};
 use crate::error::{Error, Result};
 use crate::log;
 use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
+use crate::sys::DeviceKind;
 use crate::sys::{
     Batch, ContextSetup, Device, DraftContext, DraftModel, ModelLoad, TargetContext, TargetHead, ggml_backend_dev_t,
     registered_devices,
@@ -69,11 +70,24 @@ pub fn limits(config: &Config, ckpt: &Checkpoint) -> Result<Limits> {
 fn place_drafter(config: &Config, ckpt: &Checkpoint, target: &TargetContext, n_ctx_seq: u32) -> Result<Placement> {
     let named =
         config.devices.as_deref().map(|named| placement::resolve_named(named, &registered_devices())).transpose()?;
+    let reads_target_head = !(ckpt.own_embd && ckpt.own_head);
+    let head = target.output_device();
+    let head_slices = match &head {
+        Some(h) if h.kind == DeviceKind::Meta && reads_target_head => match TargetHead::split_devices(target) {
+            Ok(devices) => devices.unwrap_or_default(),
+            Err(e) => {
+                log::warn(&format!("the target's head is split by tensor: {}", e.message));
+                Vec::new()
+            }
+        },
+        _ => Vec::new(),
+    };
     let placement = placement::choose(PlacementInput {
         named,
-        reads_target_head: !(ckpt.own_embd && ckpt.own_head),
-        head: target.output_device(),
+        reads_target_head,
+        head,
         target_devices: &target.devices(),
+        head_slices: &head_slices,
     })?;
     // a drafter partly kept on the CPU (n_gpu_layers) needs less than the estimate there
     if config.n_gpu_layers.is_none() {
@@ -143,6 +157,17 @@ pub fn open_drafter(path: &Path, target: Option<&TargetFacts>) -> Result<Checkpo
 /// own graph falls back to libllama's (said in one log line) for what it
 /// does not cover; a plain DFlash drafter has only the own graph.
 fn choose_graph(config: &Config, ckpt: &Checkpoint, target: &TargetContext) -> Result<DraftGraph> {
+    let reads_target = !(ckpt.own_embd && ckpt.own_head);
+    let split_head = reads_target && target.output_device().is_some_and(|d| d.kind == DeviceKind::Meta);
+    let split_refusal = |why: &str| {
+        Error::unsupported(format!(
+            "the target's output head is split by tensor (-sm tensor) and only the library's own draft graph reads \
+             it by slices; {why}"
+        ))
+    };
+    if split_head && config.draft_graph == DraftGraph::Libllama {
+        return Err(split_refusal("draft_graph libllama asked for libllama's, which cannot"));
+    }
     if config.draft_graph == DraftGraph::Libllama {
         if !ckpt.selector {
             return Err(Error::unsupported(
@@ -152,15 +177,16 @@ fn choose_graph(config: &Config, ckpt: &Checkpoint, target: &TargetContext) -> R
         }
         return Ok(DraftGraph::Libllama);
     }
-    let why_not = crate::draft::spec::not_covered(ckpt, config.type_k, config.type_v).or_else(|| {
-        let reads_target = !(ckpt.own_embd && ckpt.own_head);
-        match TargetHead::find(target) {
-            Err(e) if reads_target => Some(e.message),
-            _ => None,
-        }
-    });
+    let why_not =
+        crate::draft::spec::not_covered(ckpt, config.type_k, config.type_v).or_else(|| {
+            match TargetHead::find(target, None) {
+                Err(e) if reads_target => Some(e.message),
+                _ => None,
+            }
+        });
     match why_not {
         None => Ok(DraftGraph::Own),
+        Some(why) if split_head => Err(split_refusal(&format!("the own graph cannot serve this drafter: {why}"))),
         Some(why) if ckpt.selector => {
             log::warn(&format!("draft graph: libllama's, not the library's own: {why}"));
             Ok(DraftGraph::Libllama)

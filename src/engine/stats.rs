@@ -35,6 +35,15 @@ pub struct Stats {
     /// of their draft temperature / request temperature in thousandths.
     pub n_tuned_drafts: u64,
     pub tuned_ratio_milli: u64,
+    /// Noise-block decodes (one per draft call that ran the drafter).
+    pub n_noise_decodes: u64,
+    /// The target's head as the draft graph reads it (`HeadTraffic`): slices,
+    /// bytes moved between devices over all noise decodes, what a full-logit
+    /// gather would have moved, what a mirrored head would take.
+    pub head_slices: u64,
+    pub head_bytes_moved: u64,
+    pub head_bytes_full_gather: u64,
+    pub head_bytes_mirrored: u64,
 }
 
 impl Default for Stats {
@@ -61,11 +70,25 @@ impl Default for Stats {
             n_ngram_accepted: 0,
             n_tuned_drafts: 0,
             tuned_ratio_milli: 0,
+            n_noise_decodes: 0,
+            head_slices: 0,
+            head_bytes_moved: 0,
+            head_bytes_full_gather: 0,
+            head_bytes_mirrored: 0,
         }
     }
 }
 
 impl Stats {
+    /// A noise decode and what it moved to read the target's head.
+    pub fn record_noise(&mut self, t: &crate::draft::HeadTraffic) {
+        self.n_noise_decodes += 1;
+        self.head_slices = t.slices;
+        self.head_bytes_moved += t.moved;
+        self.head_bytes_full_gather += t.full_gather;
+        self.head_bytes_mirrored = t.mirrored;
+    }
+
     pub fn record_draft(&mut self, n: usize) {
         if n > 0 {
             self.n_drafts += 1;

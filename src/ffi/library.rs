@@ -50,7 +50,12 @@ use crate::params::llama_spec_dflash2_params;
 /// (no selector) are served (own graph only); state blobs of the own graph hold
 /// its own cache format (blob version 4: a blob saved by one graph is refused
 /// by an engine on the other, and older blobs are refused).
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 9;
+/// 10: targets split by tensor (-sm tensor) are served: the own draft graph
+/// reads the target's head by its per-device vocabulary slices (a partial
+/// top-k on each device, merged); stats gained n_noise_decodes,
+/// n_head_slices, head_bytes_moved, head_bytes_full_gather and
+/// head_bytes_mirrored (appended).
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 10;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

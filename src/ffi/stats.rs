@@ -58,6 +58,22 @@ pub struct llama_spec_dflash2_stats {
     /// a multiple of the request's (0 when none; API version 8).
     pub n_tuned_drafts: u64,
     pub mean_draft_temperature_ratio: f64,
+    /// Noise-block decodes: the drafter's forward passes (API version 10).
+    pub n_noise_decodes: u64,
+    /// How the draft graph reads the target's output head: 1 whole, N > 1 in
+    /// N vocabulary slices where a target split by tensor (-sm tensor) keeps
+    /// them, 0 when the drafter has its own head (API version 10).
+    pub n_head_slices: u64,
+    /// Bytes that crossed devices to read a sliced head, over all noise
+    /// decodes: the hidden states to each slice's device, each slice's top-k
+    /// candidates (ids and logits) to the merge (0 for a whole head).
+    pub head_bytes_moved: u64,
+    /// What gathering every slice's logits to the merge instead would have
+    /// moved on the same decodes (hidden states' copies included).
+    pub head_bytes_full_gather: u64,
+    /// Bytes a copy of the whole head on every slice's device would take
+    /// beyond the one head the target holds (memory, not per step).
+    pub head_bytes_mirrored: u64,
 }
 
 impl From<&Stats> for llama_spec_dflash2_stats {
@@ -89,6 +105,11 @@ impl From<&Stats> for llama_spec_dflash2_stats {
             } else {
                 s.tuned_ratio_milli as f64 / 1000.0 / s.n_tuned_drafts as f64
             },
+            n_noise_decodes: s.n_noise_decodes,
+            n_head_slices: s.head_slices,
+            head_bytes_moved: s.head_bytes_moved,
+            head_bytes_full_gather: s.head_bytes_full_gather,
+            head_bytes_mirrored: s.head_bytes_mirrored,
         }
     }
 }

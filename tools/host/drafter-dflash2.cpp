@@ -30,6 +30,11 @@ void host_add_engine_stats(host_stats & stats, const dflash2::engine & engine) {
     stats.t_copy_us   += (int64_t) s.t_process_us;
     stats.n_tuned_drafts  += (int64_t) s.n_tuned_drafts;
     stats.tuned_ratio_sum += s.mean_draft_temperature_ratio * (double) s.n_tuned_drafts;
+    stats.n_noise_decodes        += (int64_t) s.n_noise_decodes;
+    stats.n_head_slices           = (int64_t) s.n_head_slices;
+    stats.head_bytes_moved       += (int64_t) s.head_bytes_moved;
+    stats.head_bytes_full_gather += (int64_t) s.head_bytes_full_gather;
+    stats.head_bytes_mirrored     = (int64_t) s.head_bytes_mirrored;
 }
 
 namespace {

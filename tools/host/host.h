@@ -120,6 +120,13 @@ struct host_stats {
     // their draft temperature / target temperature
     int64_t n_tuned_drafts    = 0;
     double  tuned_ratio_sum   = 0.0;
+    // dflash2 only: how its draft graph reads the target's head (1 whole, N slices under -sm
+    // tensor, 0 its own head) and the bytes that crossed devices for it (the library's stats)
+    int64_t n_noise_decodes        = 0;
+    int64_t n_head_slices          = 0;
+    int64_t head_bytes_moved       = 0;
+    int64_t head_bytes_full_gather = 0;
+    int64_t head_bytes_mirrored    = 0;
 
     int64_t t_drafter_us() const { return t_process_us + t_draft_us + t_accept_us; }
 

@@ -150,6 +150,12 @@ impl GraphCtx {
         self.t(unsafe { ggml_scale(self.raw_ctx(), a.raw(), s) })
     }
 
+    /// `a * s + b`, elementwise.
+    pub fn scale_bias<'a>(&'a self, a: Tensor<'a>, s: f32, b: f32) -> Tensor<'a> {
+        // SAFETY: as mul_mat.
+        self.t(unsafe { ggml_scale_bias(self.raw_ctx(), a.raw(), s, b) })
+    }
+
     pub fn tanh<'a>(&'a self, a: Tensor<'a>) -> Tensor<'a> {
         // SAFETY: as mul_mat.
         self.t(unsafe { ggml_tanh(self.raw_ctx(), a.raw()) })

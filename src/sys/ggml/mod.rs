@@ -14,6 +14,7 @@
 
 mod backend;
 mod graph;
+pub mod meta;
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -61,6 +62,11 @@ impl<'a> Tensor<'a> {
         Tensor { ptr: NonNull::new(ptr).expect("ggml returned a NULL tensor"), _context: PhantomData }
     }
 
+    /// The raw tensor (for handles that outlive this borrow's scope).
+    pub(crate) fn as_ptr(&self) -> *mut ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
     fn raw(&self) -> *mut ggml_tensor {
         self.ptr.as_ptr()
     }
@@ -68,6 +74,13 @@ impl<'a> Tensor<'a> {
     fn get(&self) -> &ggml_tensor {
         // SAFETY: a live tensor for 'a (the type's contract).
         unsafe { self.ptr.as_ref() }
+    }
+
+    /// The tensor's name (for messages).
+    pub fn name(&self) -> String {
+        let name = &self.get().name;
+        let bytes: Vec<u8> = name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 
     pub fn ne(&self) -> [i64; 4] {

@@ -1,0 +1,208 @@
+//! Targets split by tensor (`-sm tensor`) over two llama.cpp RPC servers on
+//! loopback: the drafter reads the target's output head by its per-device
+//! slices (a partial top-k on each slice's device, merged), so its lattices
+//! carry the candidates and scores of the unsplit head, and generation stays
+//! lossless against target-only on the same placement.
+
+mod common;
+
+use std::path::Path;
+
+use common::devices::{Placement, RpcServer, add_rpc_server, device, serial};
+use common::spec::{Spec, default_params, generate, prefill};
+use common::target::{TRow, Target};
+use common::{Model, fixtures, smollm2, smollm2_drafter};
+use dflash2::config::Config;
+use dflash2::draft::{InjectRow, NoiseBlock};
+use dflash2::engine::{DraftGraph, Drafter, create_drafter};
+use dflash2::error::Status;
+use dflash2::sys::{self, TargetContext};
+
+const N_GEN: usize = 20;
+
+fn split(devices: &[sys::ggml_backend_dev_t], mode: sys::llama_split_mode) -> Placement<'_> {
+    Placement { devices: Some(devices), n_gpu_layers: -1, split_mode: mode }
+}
+
+/// Two RPC servers, registered: their devices.
+fn two_nodes() -> (RpcServer, RpcServer, Vec<sys::ggml_backend_dev_t>, Vec<String>) {
+    let (a, b) = (RpcServer::start(), RpcServer::start());
+    let names: Vec<String> = [&a, &b].iter().flat_map(|s| add_rpc_server(s)).collect();
+    let nodes = names.iter().map(|n| device(n)).collect();
+    (a, b, nodes, names)
+}
+
+fn own_drafter(target: &Target, drafter: &Path, n_seq: usize) -> (Drafter, i32, usize, usize) {
+    let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
+    let config = Config { n_seq, draft_graph: DraftGraph::Own, ..Config::default() };
+    let setup = create_drafter(&tc, drafter, &config).expect("own drafter");
+    assert_eq!(setup.drafter.graph(), DraftGraph::Own);
+    let h = &setup.ckpt.hparams;
+    (setup.drafter, setup.ckpt.mask_token as i32, h.n_embd as usize, h.selector_top_k as usize)
+}
+
+/// Each row's candidates (sorted) with their scores against the row's
+/// predecessors: the lattice as the walks read it, whatever order the top-k
+/// left the candidates in.
+fn canonical(lattice: &[f32], n_embd: usize, k: usize, width: usize) -> Vec<Vec<(i32, i32, u32)>> {
+    let mut out = Vec::new();
+    for block in lattice.chunks(width * n_embd) {
+        let ids = |p: usize| -> Vec<i32> { block[p * n_embd..p * n_embd + k].iter().map(|&x| x as i32).collect() };
+        for p in 1..width {
+            let (succ, pred) = (ids(p), if p == 1 { vec![-1; k] } else { ids(p - 1) });
+            let row = &block[p * n_embd + k..p * n_embd + k + k * k];
+            let mut cells: Vec<(i32, i32, u32)> =
+                (0..k * k).map(|x| (pred[x / k], succ[x % k], row[x].to_bits())).collect();
+            cells.sort();
+            out.push(cells);
+        }
+    }
+    out
+}
+
+/// The same tap features fed to a drafter on the unsplit target (`whole`)
+/// and one on the target split by tensor (`sharded`): their lattices,
+/// compared row by row as the walks read them.
+fn lattices_agree(whole: &mut Target, sharded: &Target, drafter: &Path) -> usize {
+    let n_seq = 2;
+    let (mut a, mask, n_embd, k) = own_drafter(whole, drafter, n_seq);
+    let (mut b, _, _, _) = own_drafter(sharded, drafter, n_seq);
+    let names: Vec<String> = b.devices().into_iter().map(|d| d.name).collect();
+    assert!(names.len() >= 2, "the drafter on a split head reads both slices' devices: {names:?}");
+    let tc = unsafe { TargetContext::from_raw(whole.ctx) }.unwrap();
+    let ckpt = dflash2::checkpoint::open(drafter).unwrap();
+    let taps: Vec<u32> = ckpt.hparams.target_layers.iter().map(|&l| l as u32).collect();
+    for &l in &taps {
+        tc.set_layer_capture(l, true);
+    }
+    let n_vocab = whole.n_vocab;
+    let mut next = [0i32; 2];
+    let mut compared = 0;
+    for step in 0..3u64 {
+        let mut rows = Vec::new();
+        for (s, &at) in next.iter().enumerate() {
+            for i in 0..(if step == 0 { 6 } else { 2 }) {
+                let token = (10 + (step as usize * 31 + s * 7 + i * 13) % (n_vocab - 10)) as i32;
+                rows.push(TRow { seq: s as i32, token, pos: at + i as i32, logits: false });
+            }
+        }
+        whole.decode(&rows);
+        let layers: Vec<&[f32]> = taps.iter().map(|&l| tc.layer_input(l).expect("captured")).collect();
+        let n_tgt = tc.n_embd();
+        let features: Vec<Vec<f32>> = (0..rows.len())
+            .map(|i| layers.iter().flat_map(|l| &l[i * n_tgt..(i + 1) * n_tgt]).copied().collect())
+            .collect();
+        let inject: Vec<InjectRow> = rows
+            .iter()
+            .zip(&features)
+            .map(|(r, f)| InjectRow { stream: r.seq as usize, pos: r.pos, features: f })
+            .collect();
+        a.inject(&inject).unwrap();
+        b.inject(&inject).unwrap();
+        for r in &rows {
+            next[r.seq as usize] = next[r.seq as usize].max(r.pos + 1);
+        }
+        let block = ckpt.block_size as usize;
+        let blocks: Vec<NoiseBlock> = (0..n_seq)
+            .map(|s| NoiseBlock { stream: s, anchor: next[s], id_last: (20 + step as i32 * 3 + s as i32) })
+            .collect();
+        let la = a.noise(&blocks, block, mask).unwrap();
+        let lb = b.noise(&blocks, block, mask).unwrap();
+        assert!(la.iter().any(|&x| x != 0.0), "an all-zero lattice proves nothing");
+        let (ca, cb) = (canonical(&la, n_embd, k, block), canonical(&lb, n_embd, k, block));
+        assert_eq!(ca.len(), cb.len());
+        for (row, (x, y)) in ca.iter().zip(&cb).enumerate() {
+            assert_eq!(x, y, "step {step}, lattice row {row}: candidates or scores differ");
+            compared += 1;
+        }
+    }
+    compared
+}
+
+#[test]
+fn a_head_split_by_vocabulary_gives_the_lattices_of_the_whole_head() {
+    let _serial = serial();
+    let (_a, _b, nodes, _) = two_nodes();
+    let f = fixtures();
+    // the fixture target has its own output.weight: -sm tensor splits its rows
+    let mut whole =
+        Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
+    let sharded =
+        Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 2, 512, 256);
+    let rows = lattices_agree(&mut whole, &sharded, &f.drafter);
+    eprintln!("split head: {rows} lattice rows identical to the whole head's");
+}
+
+/// Greedy speculative decoding on `model` is identical to target-only on
+/// the same model; returns (drafted, accepted).
+fn lossless(model: Model, drafter: &Path, prompts: &[&str]) -> (u64, u64) {
+    let n_seq = prompts.len() as u32;
+    let mut target = Target::with_model(model, n_seq, 1024, 512);
+    let toks: Vec<Vec<i32>> = prompts
+        .iter()
+        .map(|p| target.tokenize(&format!("<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n"), false))
+        .collect();
+    // target-only first, on the same context
+    let mut want = Vec::new();
+    for (s, prompt) in toks.iter().enumerate() {
+        let rows: Vec<TRow> = prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| TRow { seq: s as i32, token, pos: i as i32, logits: i + 1 == prompt.len() })
+            .collect();
+        let mut out = target.decode(&rows);
+        while out.len() < N_GEN {
+            let pos = (prompt.len() + out.len() - 1) as i32;
+            out.extend(target.decode(&[TRow { seq: s as i32, token: *out.last().unwrap(), pos, logits: true }]));
+        }
+        want.push(out);
+        target.seq_rm(s as i32, -1, -1);
+    }
+    let mut params = default_params(n_seq);
+    params.n_seq = n_seq;
+    let spec = Spec::new(&target, drafter, params);
+    let mut streams = prefill(&mut target, &spec, &toks);
+    generate(&mut target, &spec, &mut streams, N_GEN, 7);
+    for (s, want) in streams.iter().zip(&want) {
+        assert_eq!(&s.out[..N_GEN], &want[..N_GEN], "seq {}", s.seq);
+    }
+    let st = spec.stats();
+    assert!(st.n_drafted > 0, "nothing drafted");
+    (st.n_drafted, st.n_accepted)
+}
+
+#[test]
+fn generation_on_targets_split_by_tensor_is_lossless() {
+    let _serial = serial();
+    let (_a, _b, nodes, names) = two_nodes();
+    let f = fixtures();
+    let prompts = ["Write a haiku about rain.", "Count from one to five."];
+    let tensor = split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR);
+    // a head split by vocabulary rows
+    let (drafted, _) = lossless(Model::load_placed(&f.target, &tensor), &f.drafter, &prompts);
+    eprintln!("fixture target -sm tensor over {names:?}: {drafted} drafted");
+    // SmolLM2's head is its token embeddings (tied): every device holds it whole
+    let path = smollm2();
+    let drafter = smollm2_drafter(&path);
+    let (drafted, accepted) = lossless(Model::load_placed(&path, &tensor), &drafter, &prompts);
+    let layer = split(&nodes, sys::LLAMA_SPLIT_MODE_LAYER);
+    let (drafted_l, accepted_l) = lossless(Model::load_placed(&path, &layer), &drafter, &prompts);
+    eprintln!("SmolLM2 -sm tensor: {accepted}/{drafted} accepted; -sm layer: {accepted_l}/{drafted_l}");
+    if drafter.ends_with("smollm2-135m-dflash2.gguf") {
+        assert!(accepted > 0, "the trained drafter had no draft accepted under -sm tensor");
+    }
+}
+
+#[test]
+fn libllamas_graph_on_a_split_head_is_refused_with_the_reason() {
+    let _serial = serial();
+    let (_a, _b, nodes, _) = two_nodes();
+    let f = fixtures();
+    let target =
+        Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 1, 512, 256);
+    let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
+    let config = Config { n_seq: 1, draft_graph: DraftGraph::Libllama, ..Config::default() };
+    let err = create_drafter(&tc, &f.drafter, &config).err().expect("refused");
+    assert_eq!(err.status, Status::LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED);
+    assert!(err.message.contains("-sm tensor") && err.message.contains("own"), "{}", err.message);
+}
