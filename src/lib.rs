@@ -15,6 +15,10 @@ pub mod calibration;
 pub mod checkpoint;
 pub mod config;
 /// cbindgen:ignore
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod cuda;
+/// cbindgen:ignore
 pub mod draft;
 /// cbindgen:ignore
 pub mod draft_temperature;
@@ -34,6 +38,8 @@ pub mod selector;
 #[doc(hidden)]
 #[allow(unsafe_code)]
 pub mod sys;
+/// cbindgen:ignore
+pub mod topk;
 /// cbindgen:ignore
 pub mod tree;
 /// cbindgen:ignore
