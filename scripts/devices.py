@@ -36,7 +36,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS_FILE = os.path.join(ROOT, "tools", "prompts", "devices.txt")
 ERRORS = re.compile(r"\berror\b|\bfailed\b|assert|abort|fatal", re.I)
 # llama.cpp's own draft-dflash path logs these while fitting memory (see test_server.py)
-UPSTREAM_FIT_NOISE = re.compile(ts.Server.UPSTREAM_FIT_NOISE)
+# llama.cpp's own warnings: its draft context's memory fit (upstream), and its memory
+# fit, which -sm tensor does not implement (every server on that placement says so)
+UPSTREAM_FIT_NOISE = re.compile(ts.Server.UPSTREAM_FIT_NOISE + r"|llama_params_fit is not implemented for SPLIT_MODE_TENSOR")
 
 ROWS = []      # the table
 FAILURES = []  # (check, message)
@@ -110,9 +112,9 @@ class Placement:
     target: --device list ("none": the CPU), ngl: target layers offloaded (None: all),
     draft: the drafter's --draft-device list (None: dflash2's default, with the head)."""
 
-    def __init__(self, name, backend, n_rpc, target, ngl=None, draft=None, note=""):
+    def __init__(self, name, backend, n_rpc, target, ngl=None, draft=None, note="", sm=None):
         self.name, self.backend, self.n_rpc = name, backend, n_rpc
-        self.target, self.ngl, self.draft, self.note = target, ngl, draft, note
+        self.target, self.ngl, self.draft, self.note, self.sm = target, ngl, draft, note, sm
 
     def env(self, role="bench"):
         env = dict(os.environ)
@@ -137,6 +139,8 @@ class Placement:
         f += ["-ngl", str(self.ngl if self.ngl is not None else 99)]
         if self.draft is not None:
             f += ["--draft-device", self.draft]
+        if self.sm:
+            f += ["-sm", self.sm]
         return f
 
     def server_flags(self, with_drafter):
@@ -145,6 +149,8 @@ class Placement:
             f += ["-dev", self.target]
         if with_drafter and self.draft is not None:
             f += ["-devd", self.draft]
+        if self.sm:
+            f += ["-sm", self.sm]
         return f
 
     def tools(self):
@@ -156,10 +162,12 @@ class Placement:
 
 # --------------------------------------------------------------- library (C API)
 
-def run_bench(placement, rpc, extra, name, prompts=PROMPTS_FILE):
-    """dflash2-bench on this placement; returns (exit code, results by (np, mode), stderr)."""
+def run_bench(placement, rpc, extra, name, prompts=PROMPTS_FILE, pair=None):
+    """dflash2-bench on this placement (of `pair`, (target, drafter), else the run's);
+    returns (exit code, results by (np, mode), stderr)."""
+    target, draft = pair or (ARGS.target, ARGS.draft)
     out_json = os.path.join(ARGS.workdir, f"bench-{name}.json")
-    cmd = [os.path.join(placement.tools(), "dflash2-bench"), "--target", ARGS.target, "--draft", ARGS.draft,
+    cmd = [os.path.join(placement.tools(), "dflash2-bench"), "--target", target, "--draft", draft,
            "--prompts", prompts, "--threads", "2", "--reps", "1", "--json", out_json,
            "--svg", os.path.join(ARGS.workdir, f"bench-{name}.svg")] + rpc.flag() + placement.bench_flags() + extra
     log_path = os.path.join(ARGS.workdir, f"bench-{name}.log")
@@ -179,16 +187,18 @@ def identical(r):
 
 
 CPU_TAU = {}  # (np, mode, temp) -> tau of the CPU-only run
+LAYER_TAU = {}  # the same, of the target split by layer over two RPC nodes (rpc2)
 
 
-def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4):
+def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, pair=None):
     extra = ["--np", ",".join(map(str, nps)), "--modes", ",".join(["ar"] + modes), "--n-predict", str(n_predict),
              "--tree", "7"]
     if temp > 0:
         extra += ["--temp", str(temp), "--seed", "7"]
     prompts = trimmed_prompts(n_prompts) if n_prompts < 4 else PROMPTS_FILE
-    name = f"{placement.name}-T{temp}-{n_prompts}x{n_predict}".replace("/", "_")
-    code, res, text = run_bench(placement, rpc, extra, name, prompts)
+    name = f"{placement.name}-T{temp}-{n_prompts}x{n_predict}{'-fixture' if pair else ''}".replace("/", "_")
+    name = name.replace(" ", "_")
+    code, res, text = run_bench(placement, rpc, extra, name, prompts, pair)
     errors = log_errors(text)
     if not check(f"library {placement.name} T={temp}", code == 0, f"dflash2-bench exited {code}:\n{text[-1500:]}"):
         row(placement=placement.name, face="library", np="-", mode=",".join(modes), temp=temp, identical="-",
@@ -199,9 +209,13 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4):
         for mode in modes:
             r = res[(np_, mode)]
             key = (np_, mode, temp, n_prompts, n_predict)
-            if placement.name == "cpu":
+            if pair is None and placement.name == "cpu":
                 CPU_TAU[key] = r["tau"]
-            cpu_tau = CPU_TAU.get(key)
+            if pair is None and placement.name == "rpc2":
+                LAYER_TAU[key] = r["tau"]
+            # a target split by tensor sums its products in another order than on one device:
+            # its tau is set against the same nodes split by layer, not the CPU's
+            cpu_tau = CPU_TAU.get(key) if pair is None and not placement.sm else None
             same = identical(r)
             note = None
             if temp == 0 and same.split("/")[0] != same.split("/")[1]:
@@ -215,7 +229,7 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4):
                     check(f"library {placement.name} np {np_} {mode} identical", shared,
                           f"{same}; upstream: {identical(up) if up else 'not run'}")
                 note = "differs where upstream differs (the target is not batch-invariant here)" if shared else None
-            if mode.startswith("dflash2") and ARGS.trained:
+            if mode.startswith("dflash2") and ARGS.trained and pair is None:
                 check(f"library {placement.name} np {np_} {mode} drafts accepted", r["accepted"] > 0, str(r["accepted"]))
             if cpu_tau is not None:
                 # RPC nodes compute with the CPU's kernels: the same drafts, tau within 1%. Vulkan's
@@ -224,7 +238,24 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4):
                 bound = 0.01 if placement.backend != "vulkan" else 0.10
                 check(f"library {placement.name} np {np_} {mode} tau vs CPU", r["tau"] >= cpu_tau * (1 - bound)
                       and (bound > 0.01 or r["tau"] <= cpu_tau * 1.01), f"{r['tau']:.3f} vs {cpu_tau:.3f}")
-            row(placement=placement.name, face="library", np=np_, mode=mode, temp=temp, identical=same,
+            head = r.get("head") or {}
+            if placement.sm == "tensor" and mode.startswith("dflash2"):
+                layer_tau = LAYER_TAU.get(key) if pair is None else None
+                moved = head.get("bytes_moved", 0) / max(head.get("noise_decodes", 0), 1)
+                gather = head.get("bytes_full_gather", 0) / max(head.get("noise_decodes", 0), 1)
+                slices = head.get("slices", 0)
+                parts = [f"tau -sm layer {layer_tau:.3f}" if layer_tau else "",
+                         f"head in {slices} vocabulary slices" if slices > 1 else
+                         "head whole on each node (tied embeddings)" if slices == 1 else "",
+                         f"{moved:.0f} B/decode moved vs {gather:.0f} full-logit gather" if head.get('slices', 1) > 1
+                         else ""]
+                note = "; ".join(x for x in [note or ""] + parts if x)
+                if pair is not None:
+                    # the fixture target's own output.weight: split by vocabulary rows
+                    check(f"library {placement.name} np {np_} {mode} head slices", head.get("slices") == 2
+                          and 0 < head["bytes_moved"] < head["bytes_full_gather"], str(head))
+            row(placement=placement.name + (" (fixture pair)" if pair else ""), face="library", np=np_, mode=mode,
+                temp=temp, identical=same,
                 tau=round(r["tau"], 3), cpu_tau=round(cpu_tau, 3) if cpu_tau else None,
                 tok_s=round(r["tokens_per_s"]["median"], 2), ar_tok_s=round(ar["tokens_per_s"]["median"], 2),
                 accepted=f"{r['accepted']}/{r['drafted']}", errors=len(errors), note=note)
@@ -615,6 +646,78 @@ def rpc_placements():
     ]
 
 
+def tensor_placement():
+    return Placement("rpc2 -sm tensor", "rpc", 2, "RPC0,RPC1", sm="tensor",
+                     note="target split by tensor over two RPC nodes; the drafter on RPC0 reads the head's slices")
+
+
+def fixture_pair():
+    """The fixture target (its own output.weight, which -sm tensor splits by vocabulary
+    rows; SmolLM2's head is its tied token embeddings, which every device holds whole)."""
+    return (os.path.join(ARGS.fixtures, "target.gguf"), os.path.join(ARGS.fixtures, "drafter.gguf"))
+
+
+def upstream_on_tensor_split():
+    """llama.cpp's draft-dflash on the -sm tensor placement (library): what it does with
+    SmolLM2 (its head whole on each node) and with the fixture pair (a head in slices)."""
+    p = tensor_placement()
+    for pair, what in ((None, ""), (fixture_pair(), " (fixture pair)")):
+        with Rpc(2) as rpc:
+            extra = ["--np", "1", "--modes", "ar,upstream", "--n-predict", "16"]
+            name = "sm-tensor-upstream" + ("-fixture" if pair else "")
+            code, res, text = run_bench(p, rpc, extra, name, trimmed_prompts(2), pair)
+        if code == 0:
+            r = res[(1, "upstream")]
+            note = f"runs: identical {identical(r)}, tau {r['tau']:.3f}"
+        else:
+            line = next((l for l in text.splitlines() if "GGML_ASSERT" in l or "error" in l.lower()), "")
+            note = f"exit {code}: {(line or last_error_line(text)).strip()[:200]}"
+        row(placement=p.name + what, face="library", np=1, mode="upstream", temp=0.0, identical="-", tau="-",
+            tok_s="-", errors="-", note=note)
+
+
+def tensor_split_distribution(placement, rpc):
+    """T = 0.8 on the fixture pair split by tensor (its head read in slices): the
+    tokens the server with sampled trees emits and those of the server without a
+    drafter pass llama-server tests' two-sample chi-square test per prompt and
+    position; the same test tells T = 0.8 from T = 0.3, so it can fail (the fixture's
+    random logits are flatter than a trained model's: T 0.5 is too close to tell)."""
+    target, draft = fixture_pair()
+    ts.DIST_SEEDS = 400  # the fixture model answers in milliseconds
+    common = ["-np", "1", "-c", "1024"]
+    ref_rpc = Rpc(placement.n_rpc)
+    ref = start("reference", ref_rpc.flag() + placement.server_flags(False) + common, placement, target)
+    spec = start("dflash2", rpc.flag() + placement.server_flags(True) + common
+                 + ["-md", draft, "--spec-type", "draft-dflash", "--spec-dflash2-tree", "7"] + GREEDY, placement,
+                 target)
+    servers = [ref, spec]
+    worst, power = 1.0, 1.0
+    try:
+        for s in servers:
+            s.wait_ready(timeout=900)
+        for prompt in ("one two three four", "the cat sat on the mat"):
+            want = ts.sampled_answers(ref, prompt, 0.8)
+            got = ts.sampled_answers(spec, prompt, 0.8)
+            cooler = ts.sampled_answers(ref, prompt, 0.3)
+            for j in range(ts.DIST_TOKENS):
+                worst = min(worst, ts.chi_square_p(ts.token_counts(want, j), ts.token_counts(got, j)))
+                power = min(power, ts.chi_square_p(ts.token_counts(want, j), ts.token_counts(cooler, j)))
+        slots = spec.request("GET", "/slots")
+        verify = slots[0]["draft"]["verify"]
+        drafted = slots[0]["draft"]["n_drafted"]
+    finally:
+        codes = stop_all(servers)
+        ref_rpc.__exit__()
+    check(f"server {placement.name} T=0.8 distribution", worst > 1e-3 and power < 1e-3 and drafted > 0
+          and verify == "rejection-sampling-tree", f"p {worst:.3g}, power {power:.2g}, {verify}, {drafted} drafted")
+    for s in servers:
+        check(f"server {placement.name} T=0.8 {s.name} exit", codes[s.name] == 0, f"{codes[s.name]}")
+    row(placement=placement.name + " (fixture pair)", face="server", np=1, mode="dflash2-tree 7", temp=0.8,
+        identical="-", tau="-", tok_s="-", errors="-",
+        note=f"chi-square over {ts.DIST_SEEDS} seeds x 2 prompts x {ts.DIST_TOKENS} tokens: smallest p {worst:.3f} "
+             f"(T 0.3 against T 0.8: {power:.2g}); verify {verify}, {drafted} drafted")
+
+
 def vulkan_placements():
     return [
         Placement("vulkan", "vulkan", 0, "Vulkan0"),
@@ -682,11 +785,20 @@ def main():
     for p in (cpu(), rpc_placements()[0]):
         run_step(f"library {p.name} T=0.8", with_rpc, p, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict,
                  temp=0.8)
+    # -sm tensor: SmolLM2 (its head whole on each node) and the fixture pair (a head in slices)
+    tp = tensor_placement()
+    run_step(f"library {tp.name}", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict)
+    run_step(f"library {tp.name}, head in slices", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"],
+             n_predict, pair=fixture_pair())
+    run_step(f"library {tp.name}: upstream", upstream_on_tensor_split)
     run_step("server rpc2 np 1", with_rpc, rpc_placements()[0], server_rows, 4, n_predict)
     run_step("server rpc2 np 4 chains", with_rpc, rpc_placements()[0], server_rows, 4, n_predict, np_=4)
     run_step("server rpc2 np 4 trees", with_rpc, rpc_placements()[0], server_rows, 4, n_predict, np_=4, tree=7,
              sampled=True)
     run_step("server rpc-target/cpu-drafter", with_rpc, rpc_placements()[1], server_rows, 2, n_predict)
+    run_step(f"server {tp.name} np 1", with_rpc, tp, server_rows, 2, n_predict)
+    run_step(f"server {tp.name} np 4 trees", with_rpc, tp, server_rows, 2, n_predict, np_=4, tree=7, sampled=True)
+    run_step(f"server {tp.name} T=0.8 distribution", with_rpc, tp, tensor_split_distribution)
     run_step("upstream with the drafter off the head", upstream_vs_dflash2_drafter_off_the_head)
     run_step("fault: RPC killed under the server", fault_rpc_killed_under_the_server)
     run_step("fault: RPC killed under the library", fault_rpc_killed_under_the_library)

@@ -11,15 +11,20 @@
 #   scripts/devices.sh --quick    the RPC placements and faults (minutes; in scripts/test.sh)
 #   scripts/devices.sh            + the Vulkan build, its placements and the library's
 #                                 Vulkan tests (scripts/reliability.sh)
+#   ... --only TEXT               only the steps whose name contains TEXT (with --quick)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 quick=0
-case "${1:-}" in
-    --quick) quick=1 ;;
-    "") ;;
-    *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
-esac
+only=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --quick) quick=1 ;;
+        --only) only=(--only "$2"); shift ;;
+        *) echo "usage: $0 [--quick] [--only TEXT]" >&2; exit 2 ;;
+    esac
+    shift
+done
 out="$root/target/devices"
 mkdir -p "$out"
 start=$(date +%s)
@@ -37,7 +42,7 @@ if [ ! -f "$draft" ]; then
 fi
 
 args=(--tools "$tools" --server "$server" --rpc-server "$prefix/bin/ggml-rpc-server" --target "$target"
-      --draft "$draft" --fixtures "$out/fixtures" --workdir "$out/logs" --json "$out/devices.json")
+      --draft "$draft" --fixtures "$out/fixtures" --workdir "$out/logs" --json "$out/devices.json" ${only[@]+"${only[@]}"})
 if [ "$quick" = 1 ]; then
     args+=(--quick)
 else
