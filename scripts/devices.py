@@ -252,7 +252,8 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, p
                 note = "; ".join(x for x in [note or ""] + parts if x)
                 if pair is not None:
                     # the fixture target's own output.weight: split by vocabulary rows
-                    check(f"library {placement.name} np {np_} {mode} head slices", head.get("slices") == 2
+                    want = len(placement.target.split(","))
+                    check(f"library {placement.name} np {np_} {mode} head slices", head.get("slices") == want
                           and 0 < head["bytes_moved"] < head["bytes_full_gather"], str(head))
             row(placement=placement.name + (" (fixture pair)" if pair else ""), face="library", np=np_, mode=mode,
                 temp=temp, identical=same,
@@ -651,6 +652,12 @@ def tensor_placement():
                      note="target split by tensor over two RPC nodes; the drafter on RPC0 reads the head's slices")
 
 
+def tensor_cpu_placement():
+    # the library only: llama-server's -dev takes no CPU device ("invalid device: CPU")
+    return Placement("rpc2+cpu -sm tensor", "rpc", 2, "RPC0,RPC1,CPU", sm="tensor",
+                     note="target split by tensor over two RPC nodes and the CPU")
+
+
 def fixture_pair():
     """The fixture target (its own output.weight, which -sm tensor splits by vocabulary
     rows; SmolLM2's head is its tied token embeddings, which every device holds whole)."""
@@ -791,6 +798,9 @@ def main():
     run_step(f"library {tp.name}, head in slices", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"],
              n_predict, pair=fixture_pair())
     run_step(f"library {tp.name}: upstream", upstream_on_tensor_split)
+    tc = tensor_cpu_placement()
+    run_step(f"library {tc.name}, head in slices", with_rpc, tc, library_rows, [1, 4], ["dflash2", "dflash2-tree"],
+             n_predict, pair=fixture_pair())
     run_step("server rpc2 np 1", with_rpc, rpc_placements()[0], server_rows, 4, n_predict)
     run_step("server rpc2 np 4 chains", with_rpc, rpc_placements()[0], server_rows, 4, n_predict, np_=4)
     run_step("server rpc2 np 4 trees", with_rpc, rpc_placements()[0], server_rows, 4, n_predict, np_=4, tree=7,

@@ -223,7 +223,9 @@ impl OwnDrafter {
             .iter()
             .zip(ends)
             .map(|((w, _, first), end)| {
-                format!("{} [{first}, {end})", w.device().map_or_else(|| "?".into(), |d| d.name))
+                let at = w.device().map(|d| d.name);
+                let at = at.unwrap_or_else(|| if w.in_host_memory() { "CPU".into() } else { "?".into() });
+                format!("{at} [{first}, {end})")
             })
             .collect();
         format!(

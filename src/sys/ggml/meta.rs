@@ -116,10 +116,18 @@ pub fn pieces<'a>(t: Tensor<'a>) -> Result<Pieces<'a>> {
         if piece.ty() != t.ty() || !piece.is_allocated() || piece.get().data.is_null() {
             return Err(refuse(format!("its slice on device {i} is not an allocated tensor of its type")));
         }
-        // SAFETY: a live allocated tensor: its buffer type's device is live.
+        // SAFETY: a live allocated tensor: its buffer type's device is live (or NULL).
         let piece_dev = unsafe { ggml_backend_buft_get_device(ggml_backend_buffer_get_type(piece.get().buffer)) };
-        if piece_dev != device {
-            return Err(refuse(format!("its slice {i} is not on the meta device's device {i}")));
+        // a CPU device's slice may lie in a buffer of no device (host memory
+        // ggml maps a file into): it is the CPU's
+        let on_cpu_host = piece_dev.is_null()
+            && piece.in_host_memory()
+            // SAFETY: a live device of the meta device.
+            && unsafe { ggml_backend_dev_type(device) } == GGML_BACKEND_DEVICE_TYPE_CPU;
+        if piece_dev != device && !on_cpu_host {
+            let a = if piece_dev.is_null() { "no device".to_string() } else { super::backend::device_name(piece_dev) };
+            let b = super::backend::device_name(device);
+            return Err(refuse(format!("its slice {i} is on {a}, not on the meta device's device {i} ({b})")));
         }
         let pne = piece.ne();
         let differing: Vec<usize> = (0..4).filter(|&d| pne[d] != ne[d]).collect();
