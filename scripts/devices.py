@@ -422,9 +422,9 @@ def wait_exit(proc, timeout):
         return "hung"
 
 
-def fault_rpc_killed_under_the_server():
+def fault_rpc_killed_under_the_server(p=None):
+    p = p or Placement("rpc2", "rpc", 2, "RPC0,RPC1")
     with Rpc(2) as rpc:
-        p = Placement("rpc2", "rpc", 2, "RPC0,RPC1")
         s = start("killed", server_args(p, rpc, ["-np", "1", "-c", "2048"], True), p)
         s.wait_ready(timeout=300)
         result = {}
@@ -448,8 +448,9 @@ def fault_rpc_killed_under_the_server():
         log = s.log_text()
         line = next((l for l in log.splitlines() if "ggml-rpc" in l), "")
         ok = code == 1 and "exiting with status 1" in log and result.get("client", "").startswith("error")
-        check("fault: RPC server killed under llama-server", ok, f"exit {code}, client {result}:\n{s.log_tail()}")
-        row(placement="rpc2", face="server", np=1, mode="fault: an RPC server killed mid-generation", temp=0.0,
+        check(f"fault: RPC server killed under llama-server ({p.name})", ok,
+              f"exit {code}, client {result}:\n{s.log_tail()}")
+        row(placement=p.name, face="server", np=1, mode="fault: an RPC server killed mid-generation", temp=0.0,
             identical="-", tau="-", tok_s="-", errors="-",
             note=f"exit {code} after {time.time() - started:.1f}s; client: {result.get('client')}; log: {line.strip()}")
 
@@ -812,6 +813,7 @@ def main():
     run_step("upstream with the drafter off the head", upstream_vs_dflash2_drafter_off_the_head)
     run_step("fault: RPC killed under the server", fault_rpc_killed_under_the_server)
     run_step("fault: RPC killed under the library", fault_rpc_killed_under_the_library)
+    run_step(f"fault: RPC killed under the server, {tp.name}", fault_rpc_killed_under_the_server, tp)
     run_step("fault: RPC unreachable at start-up", fault_rpc_unreachable_at_start)
     run_step("split modes", split_modes)
 

@@ -243,3 +243,58 @@ fn a_split_over_two_nodes_and_the_cpu_reads_three_slices_and_stays_lossless() {
          lossless, {drafted} drafted"
     );
 }
+
+/// Loads `path` split by tensor over `devices` in the shares `split` (as `-ts`).
+fn load_with_shares(path: &Path, devices: &[sys::ggml_backend_dev_t], split: &[f32]) -> Model {
+    common::init_backend();
+    let mut list = devices.to_vec();
+    list.push(std::ptr::null_mut());
+    let mut shares = split.to_vec();
+    shares.resize(128, 0.0);
+    let mut mp = unsafe { sys::llama_model_default_params() };
+    mp.use_extra_bufts = false;
+    mp.devices = list.as_mut_ptr();
+    mp.n_gpu_layers = -1;
+    mp.split_mode = sys::LLAMA_SPLIT_MODE_TENSOR;
+    mp.tensor_split = shares.as_ptr();
+    let m = unsafe { sys::llama_model_load_from_file(common::cstr(path).as_ptr(), mp) };
+    assert!(!m.is_null(), "libllama could not load {}", path.display());
+    Model(m)
+}
+
+#[test]
+fn a_slice_with_fewer_rows_than_candidates_gives_all_of_them() {
+    let _serial = serial();
+    let (_a, _b, nodes, _) = two_nodes();
+    let f = fixtures();
+    let sharded = Target::with_model(load_with_shares(&f.target, &nodes, &[0.005, 0.995]), 2, 512, 256);
+    let tc = unsafe { TargetContext::from_raw(sharded.ctx) }.unwrap();
+    let (drafter, _, _, k) = own_drafter(&sharded, &f.drafter, 1);
+    drop(drafter);
+    let head = dflash2::sys::TargetHead::find(&tc, None).unwrap();
+    let rows: Vec<i64> = head.output().iter().map(|(w, _, _)| w.ne()[1]).collect();
+    assert!(rows.len() == 2 && rows[0] < k as i64, "slices of {rows:?} rows, k {k}: the first must be shorter than k");
+    let mut whole =
+        Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
+    let (n, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8);
+    drop((whole, sharded));
+    let (drafted, _) = lossless(load_with_shares(&f.target, &nodes, &[0.005, 0.995]), &f.drafter, &["one two"]);
+    eprintln!(
+        "slices of {rows:?} rows (k {k}): {n} lattice rows agree within {worst} ulp; lossless, {drafted} drafted"
+    );
+}
+
+#[test]
+fn what_only_libllamas_graph_serves_is_refused_on_a_split_head_instead_of_falling_back() {
+    let _serial = serial();
+    let (_a, _b, nodes, _) = two_nodes();
+    let f = fixtures();
+    let target =
+        Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 1, 512, 256);
+    let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
+    // a quantized draft KV cache: the own graph does not cover it (libllama's would, unsplit)
+    let config = Config { n_seq: 1, type_k: Some(sys::GGML_TYPE_Q8_0), ..Config::default() };
+    let err = create_drafter(&tc, &f.drafter, &config).err().expect("refused");
+    assert_eq!(err.status, Status::LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED);
+    assert!(err.message.contains("-sm tensor") && err.message.contains("quantized"), "{}", err.message);
+}
