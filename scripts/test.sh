@@ -31,17 +31,19 @@ run() {
     t0=$(date +%s)
     timeout -k 30 "$limit" "$@" > "$log" 2>&1 || rc=$?
     local dt=$(( $(date +%s) - t0 ))
-    times+=("$name ${dt}s")
+    local key=${name%%:*}
+    key=${key%% (*}
+    times+=("${key:0:28}=${dt}s")
     last_log=$log
     if [ $rc -ne 0 ]; then
         tail -n 200 "$log"
         [ $rc -eq 124 ] && echo "TIMED OUT: '$name' ran past its limit of ${limit}s"
         echo "FAILED: '$name' (exit $rc after ${dt}s; whole log: $log)"
-        echo "[steps] ${times[*]}"
+        (IFS=,; echo "[steps] ${times[*]}")
         exit $rc
     fi
     tail -n "$show" "$log"
-    echo "   [${dt}s; steps so far: ${times[*]}]"
+    (IFS=,; echo "   [${dt}s; steps so far: ${times[*]}]")
 }
 
 step_toolchain() {
@@ -155,4 +157,4 @@ run "reliability, quick: fuzzing, soak, ASan/UBSan, server load (scripts/reliabi
 
 echo
 echo "== all tests passed in $(( $(date +%s) - start ))s"
-echo "[steps] ${times[*]}"
+(IFS=,; echo "[steps] ${times[*]}")

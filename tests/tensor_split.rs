@@ -9,6 +9,7 @@ mod common;
 use std::path::Path;
 
 use common::devices::{Placement, RpcServer, add_rpc_server, device, serial};
+use common::lattice::canonical;
 use common::spec::{Spec, default_params, generate, prefill};
 use common::target::{TRow, Target};
 use common::{Model, fixtures, smollm2, smollm2_drafter};
@@ -39,24 +40,6 @@ fn own_drafter(target: &Target, drafter: &Path, n_seq: usize) -> (Drafter, i32, 
     assert_eq!(setup.drafter.graph(), DraftGraph::Own);
     let h = &setup.ckpt.hparams;
     (setup.drafter, setup.ckpt.mask_token as i32, h.n_embd as usize, h.selector_top_k as usize)
-}
-
-/// Each row's candidates (sorted) with their scores against the row's
-/// predecessors: the lattice as the walks read it, whatever order the top-k
-/// left the candidates in.
-fn canonical(lattice: &[f32], n_embd: usize, k: usize, width: usize) -> Vec<Vec<(i32, i32, f32)>> {
-    let mut out = Vec::new();
-    for block in lattice.chunks(width * n_embd) {
-        let ids = |p: usize| -> Vec<i32> { block[p * n_embd..p * n_embd + k].iter().map(|&x| x as i32).collect() };
-        for p in 1..width {
-            let (succ, pred) = (ids(p), if p == 1 { vec![-1; k] } else { ids(p - 1) });
-            let row = &block[p * n_embd + k..p * n_embd + k + k * k];
-            let mut cells: Vec<(i32, i32, f32)> = (0..k * k).map(|x| (pred[x / k], succ[x % k], row[x])).collect();
-            cells.sort_by_key(|c| (c.0, c.1));
-            out.push(cells);
-        }
-    }
-    out
 }
 
 /// The same tap features fed to a drafter on the unsplit target (`whole`)
@@ -203,18 +186,23 @@ fn generation_on_targets_split_by_tensor_is_lossless() {
     }
 }
 
-#[test]
-fn libllamas_graph_on_a_split_head_is_refused_with_the_reason() {
+/// The error of creating a drafter with `config` on the fixture target split
+/// by tensor over two nodes: `_UNSUPPORTED`, naming `-sm tensor` and `why`.
+fn refused_on_a_split_head(config: Config, why: &str) {
     let _serial = serial();
     let (_a, _b, nodes, _) = two_nodes();
     let f = fixtures();
     let target =
         Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 1, 512, 256);
     let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
-    let config = Config { n_seq: 1, draft_graph: DraftGraph::Libllama, ..Config::default() };
     let err = create_drafter(&tc, &f.drafter, &config).err().expect("refused");
     assert_eq!(err.status, Status::LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED);
-    assert!(err.message.contains("-sm tensor") && err.message.contains("own"), "{}", err.message);
+    assert!(err.message.contains("-sm tensor") && err.message.contains(why), "{}", err.message);
+}
+
+#[test]
+fn libllamas_graph_on_a_split_head_is_refused_with_the_reason() {
+    refused_on_a_split_head(Config { n_seq: 1, draft_graph: DraftGraph::Libllama, ..Config::default() }, "own");
 }
 
 #[test]
@@ -286,15 +274,6 @@ fn a_slice_with_fewer_rows_than_candidates_gives_all_of_them() {
 
 #[test]
 fn what_only_libllamas_graph_serves_is_refused_on_a_split_head_instead_of_falling_back() {
-    let _serial = serial();
-    let (_a, _b, nodes, _) = two_nodes();
-    let f = fixtures();
-    let target =
-        Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 1, 512, 256);
-    let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
     // a quantized draft KV cache: the own graph does not cover it (libllama's would, unsplit)
-    let config = Config { n_seq: 1, type_k: Some(sys::GGML_TYPE_Q8_0), ..Config::default() };
-    let err = create_drafter(&tc, &f.drafter, &config).err().expect("refused");
-    assert_eq!(err.status, Status::LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED);
-    assert!(err.message.contains("-sm tensor") && err.message.contains("quantized"), "{}", err.message);
+    refused_on_a_split_head(Config { n_seq: 1, type_k: Some(sys::GGML_TYPE_Q8_0), ..Config::default() }, "quantized");
 }

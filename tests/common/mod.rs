@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod devices;
+pub mod lattice;
 pub mod reference;
 pub mod spec;
 pub mod target;
