@@ -7,10 +7,13 @@
 //! by token id, NaN last), best first, on logits that stay on the device
 //! (`TopK::run_device`: ggml's buffers, no copy to the host).
 //!
+//! The draft graph launches it on the slices of a head split by tensor that
+//! lie on CUDA devices (`crate::draft::slices`: their candidates are merged on
+//! the host, the path the CPU slices' own top-k takes too).
+//!
 //! Status: compiled to PTX in CI (NVRTC from PyPI, no GPU needed); the GPU
-//! test (`tests/cuda_topk.rs`, ignored without a device) has not run on a GPU
-//! yet, and the draft graph does not launch it yet (no CUDA build of ggml to
-//! test the hand-off on).
+//! test (`tests/cuda_topk.rs`, ignored without a device) and the launch on a
+//! CUDA build of ggml have not run on a GPU yet.
 
 use std::sync::Arc;
 
@@ -18,6 +21,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use crate::error::{Error, Result};
+use crate::sys::ggml::Tensor;
 use crate::topk::Scored;
 
 /// The kernel's source.
@@ -111,6 +115,20 @@ impl TopK {
         let ids = self.stream.clone_dtoh(&ids).map_err(driver)?;
         let vals = self.stream.clone_dtoh(&vals).map_err(driver)?;
         Ok((ids, vals))
+    }
+
+    /// `run_device` on a computed output of a ggml graph on this device:
+    /// logits [width, rows] (rows `nb[1]` apart) the scheduler computed and
+    /// synchronised before its compute returned; ggml's buffer, no copy.
+    pub fn run_on_output(&self, logits: Tensor<'_>, rows: usize, k: usize, first: i32) -> Result<(Vec<i32>, Vec<f32>)> {
+        if logits.ty() != crate::sys::GGML_TYPE_F32 || !logits.is_allocated() || (logits.ne()[1] as usize) < rows {
+            return Err(Error::internal(format!("the CUDA top-k needs {rows} rows of f32 logits")));
+        }
+        let stride = logits.nb()[1] / std::mem::size_of::<f32>();
+        // SAFETY: an allocated f32 tensor of at least `rows` rows in device
+        // memory of this context (the caller's slice device), no longer
+        // written once the graph's compute returned.
+        unsafe { self.run_device(logits.data_addr(), rows, logits.ne()[0] as usize, stride, k, first) }
     }
 
     /// `run_device` on rows copied from the host (tests, and hosts without

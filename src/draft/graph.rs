@@ -29,6 +29,9 @@ pub struct HeadSlice<'a> {
     pub weight: Tensor<'a>,
     pub scale: Option<Tensor<'a>>,
     pub first: i64,
+    /// Its top-k is taken outside the graph, on its logits where they are
+    /// (`crate::draft::slices`): the graph leaves them as an output.
+    pub outside: bool,
 }
 
 /// The target's tensors the drafter reads in place (never copied).
@@ -73,6 +76,18 @@ pub mod io {
     pub fn head_part(j: usize) -> String {
         format!("head_part_{j}")
     }
+
+    /// Slice `j`'s top-k ids (I32) and logits, when the merge is the host's.
+    pub fn head_part_ids(j: usize) -> String {
+        format!("head_part_ids_{j}")
+    }
+    pub fn head_part_logits(j: usize) -> String {
+        format!("head_part_logits_{j}")
+    }
+
+    /// The selection graph's inputs: each row's merged candidates and logits.
+    pub const SEL_IDS: &str = "sel_ids";
+    pub const SEL_LOGITS: &str = "sel_logits";
 
     /// The mask of attention run `run` (windowed layers: `swa`).
     pub fn mask(run: usize, swa: bool) -> String {
@@ -341,12 +356,54 @@ impl<'a> Net<'a> {
         let picked = match (self.ids.output, self.head.output.as_slice()) {
             (Some(own), _) => lattice::select(g, self.output_transforms(g.mul_mat(self.t(own), hidden)), k),
             (None, [whole]) => lattice::select(g, head(whole), k),
+            (None, slices) if slices.iter().any(|sl| sl.outside) => {
+                // the merge is the host's: this graph ends at each slice's
+                // logits (outside) or top-k, and the hidden states the
+                // selection graph (`select_lattice`) reads
+                for (j, sl) in slices.iter().enumerate() {
+                    let logits = head(sl);
+                    g.name(logits, &io::head_logits(j));
+                    let k_slice = k.min(logits.ne()[0]);
+                    if sl.outside {
+                        g.output(logits);
+                        g.expand(logits);
+                    } else if k_slice > 0 {
+                        let part = lattice::select(g, logits, k_slice);
+                        for (t, name) in [(part.ids, io::head_part_ids(j)), (part.logits, io::head_part_logits(j))] {
+                            g.name(t, &name);
+                            g.output(t);
+                            g.expand(t);
+                        }
+                    }
+                }
+                g.output(hidden);
+                g.expand(hidden);
+                return;
+            }
             (None, slices) => {
                 let logits: Vec<_> = slices.iter().map(|sl| (head(sl), sl.first)).collect();
                 lattice::select_sharded(g, &logits, k)
             }
         };
         let lattice = lattice::build(self, picked, hidden, tokens, batch.width as i64);
+        g.name(lattice, io::LATTICE);
+        g.output(lattice);
+        g.expand(lattice);
+    }
+
+    /// The selection graph of a noise decode whose candidates were merged on
+    /// the host: inputs `io::SEL_IDS` / `io::SEL_LOGITS` [k, n], the hidden
+    /// states `io::HEAD_IN` [n_embd, n] and the tokens [n]; output the lattice.
+    pub fn select_lattice(&self, n: i64, width: i64) {
+        let g = self.g;
+        let s = self.spec;
+        let picked = lattice::Candidates {
+            ids: g.input(GGML_TYPE_I32, &[s.top_k, n], io::SEL_IDS),
+            logits: g.input(GGML_TYPE_F32, &[s.top_k, n], io::SEL_LOGITS),
+        };
+        let hidden = g.input(GGML_TYPE_F32, &[s.n_embd, n], io::HEAD_IN);
+        let tokens = g.input(GGML_TYPE_I32, &[n], io::TOKENS);
+        let lattice = lattice::build(self, picked, hidden, tokens, width);
         g.name(lattice, io::LATTICE);
         g.output(lattice);
         g.expand(lattice);

@@ -22,6 +22,7 @@ mod graph;
 mod kv;
 mod lattice;
 mod names;
+mod slices;
 pub mod spec;
 mod stage;
 mod state;
@@ -42,6 +43,7 @@ pub use batch::{InjectRow, NoiseBlock};
 use graph::{HeadSlice, Net, TargetHead as HeadTensors, io};
 use kv::KvCache;
 use names::ModelIds;
+use slices::SliceTopK;
 use spec::Spec;
 use stage::Stage;
 use weights::{Slot, Weights};
@@ -81,19 +83,37 @@ pub struct HeadTraffic {
     pub mirrored: u64,
 }
 
+/// The target's head as the graphs read it: its tensors, and who ranks each
+/// slice of a split head (empty: ggml in the graph, merged there).
+struct HeadRead {
+    tensors: TargetHead,
+    topk: Vec<SliceTopK>,
+}
+
+impl HeadRead {
+    /// Whether the host merges the slices' candidates (some slice is ranked
+    /// outside the graph).
+    fn merged_on_host(&self) -> bool {
+        self.topk.iter().any(SliceTopK::outside)
+    }
+}
+
 /// The drafter with its own graph.
 pub struct OwnDrafter {
     // drop order: the schedulers (their buffers back graphs over the tensors
     // below) first, then the cache and weights
     /// Noise decodes.
     noise_stage: Stage,
+    /// The lattice of noise decodes whose candidates the host merges (a
+    /// split head with slices ranked outside the graph, `slices`).
+    select_stage: Stage,
     /// Injections, and the cache's own edits (shift, copy).
     inject_stage: Stage,
     kv: KvCache,
     weights: Weights,
     ids: ModelIds,
     spec: Spec,
-    head: TargetHead,
+    head: HeadRead,
     mask_token: i32,
     flash_attn: bool,
     n_threads: i32,
@@ -151,7 +171,13 @@ impl OwnDrafter {
         };
         let weights = Weights::load(&opened.file, opened.data_offset, &opened.tensors, device_of)?;
         let ids = ModelIds::resolve(&weights, spec.n_layer, ckpt.selector)?;
-        let head = TargetHead::find(setup.target, setup.layers.first().map(|d| d.dev))?;
+        let tensors = TargetHead::find(setup.target, setup.layers.first().map(|d| d.dev))?;
+        let topk = if ids.output.is_none() {
+            slices::choose(&tensors.output().iter().map(|p| p.0).collect::<Vec<_>>())
+        } else {
+            Vec::new()
+        };
+        let head = HeadRead { tensors, topk };
         let types: (ggml_type, ggml_type) =
             (setup.type_k.unwrap_or(GGML_TYPE_F16), setup.type_v.unwrap_or(GGML_TYPE_F16));
         let kv =
@@ -162,10 +188,10 @@ impl OwnDrafter {
         // (a head split by tensor: each slice's device)
         let mut head_devices: Vec<Device> = Vec::new();
         if ids.tok_embd.is_none() {
-            head_devices.extend(head.tok_embd().device());
+            head_devices.extend(head.tensors.tok_embd().device());
         }
         if ids.output.is_none() {
-            head_devices.extend(head.output().iter().filter_map(|(w, _, _)| w.device()));
+            head_devices.extend(head.tensors.output().iter().filter_map(|(w, _, _)| w.device()));
         }
         let mut devices: Vec<Device> = Vec::new();
         for d in setup.layers.iter().chain(setup.head).cloned().chain(head_devices) {
@@ -183,6 +209,7 @@ impl OwnDrafter {
         let capacity = graph_capacity(spec.n_layer, setup.n_seq);
         let mut drafter = OwnDrafter {
             noise_stage: Stage::new(Sched::new(backends()?, capacity)?),
+            select_stage: Stage::new(Sched::new(backends()?, capacity)?),
             inject_stage: Stage::new(Sched::new(backends()?, capacity)?),
             kv,
             weights,
@@ -213,7 +240,7 @@ impl OwnDrafter {
     /// ", the target's head in N vocabulary slices: RPC0 [0, 500), ..." for a
     /// head split by tensor (empty otherwise).
     fn describe_head_slices(&self) -> String {
-        let parts = self.head.output();
+        let parts = self.head.tensors.output();
         if self.ids.output.is_some() || parts.len() < 2 {
             return String::new();
         }
@@ -264,7 +291,14 @@ impl OwnDrafter {
         noise_stage.sched_mut().reserve(&g)?;
         let g = GraphCtx::new(graph_capacity(spec.n_layer, 1))?;
         net(&g, weights, ids, spec, kv, head, *flash_attn).inject(self.n_ubatch.max(1) as i64);
-        inject_stage.sched_mut().reserve(&g)
+        inject_stage.sched_mut().reserve(&g)?;
+        if head.merged_on_host() {
+            let n = (n_seq * block) as i64;
+            let g = GraphCtx::new(graph_capacity(spec.n_layer, 1))?;
+            net(&g, weights, ids, spec, kv, head, *flash_attn).select_lattice(n, block as i64);
+            self.select_stage.sched_mut().reserve(&g)?;
+        }
+        Ok(())
     }
 
     /// Injects rows of tap features into the cache at their positions.
@@ -320,11 +354,45 @@ impl OwnDrafter {
         }
         noise_stage.compute(*n_threads)?;
         self.traffic = self.count_head_traffic()?;
-        let lattice = input(self.noise_stage.graph_kept()?, io::LATTICE)?;
+        let lattice = if self.head.merged_on_host() {
+            self.select_merged(&inputs.tokens, width)?
+        } else {
+            input(self.noise_stage.graph_kept()?, io::LATTICE)?
+        };
         let mut out = vec![0.0f32; lattice.n_elements() as usize];
         lattice.read(0, &mut out)?;
         debug_assert_eq!(lattice.ty(), GGML_TYPE_F32);
         Ok(out)
+    }
+
+    /// The lattice of the computed noise graph of a split head whose slices'
+    /// candidates the host merges: merged (`slices::merge`), then scored by
+    /// the selection graph. Returns its output.
+    fn select_merged(&mut self, tokens: &[i32], width: usize) -> Result<Tensor<'_>> {
+        let n = tokens.len();
+        let k = self.spec.top_k as usize;
+        let firsts: Vec<i64> = self.head.tensors.output().iter().map(|p| p.2).collect();
+        let g = self.noise_stage.graph_kept()?;
+        let (ids_m, logits_m) = slices::merge(g, &self.head.topk, &firsts, k, n)?;
+        let mut hidden = vec![0f32; self.spec.n_embd as usize * n];
+        input(g, io::HEAD_IN)?.read(0, &mut hidden)?;
+        let OwnDrafter { select_stage, kv, weights, ids, spec, head, flash_attn, n_threads, .. } = self;
+        let g = select_stage.graph(vec![n as i64, width as i64], graph_capacity(spec.n_layer, 1), |g| {
+            net(g, weights, ids, spec, kv, head, *flash_attn).select_lattice(n as i64, width as i64);
+        })?;
+        input(g, io::SEL_IDS)?.write(0, &ids_m)?;
+        input(g, io::SEL_LOGITS)?.write(0, &logits_m)?;
+        // plain DFlash reads neither the hidden states (the selector's gate)
+        // nor the tokens (its anchors): not in its graph, not allocated
+        let (hidden_in, tokens_in) = (input(g, io::HEAD_IN)?, input(g, io::TOKENS)?);
+        if hidden_in.is_allocated() {
+            hidden_in.write(0, &hidden)?;
+        }
+        if tokens_in.is_allocated() {
+            tokens_in.write(0, tokens)?;
+        }
+        select_stage.compute(*n_threads)?;
+        input(self.select_stage.graph_kept()?, io::LATTICE)
     }
 
     /// What the last noise decode moved between devices to read the target's
@@ -336,7 +404,7 @@ impl OwnDrafter {
     /// Counts, on the kept noise graph, the bytes that crossed devices to
     /// read a split head: by the devices the scheduler gave its nodes.
     fn count_head_traffic(&self) -> Result<HeadTraffic> {
-        let parts = self.head.output();
+        let parts = self.head.tensors.output();
         let mut t = HeadTraffic { slices: parts.len() as u64, ..HeadTraffic::default() };
         if self.ids.output.is_some() || parts.len() < 2 {
             t.slices = if self.ids.output.is_some() { 0 } else { 1 };
@@ -344,10 +412,18 @@ impl OwnDrafter {
         }
         let g = self.noise_stage.graph_kept()?;
         let sched = self.noise_stage.sched();
+        let cpu = sched.backends().last().map(|b| b.device());
         let hidden = input(g, io::HEAD_IN)?;
-        let merge = sched.device_of(input(g, io::HEAD_MERGE)?);
+        let on_host = self.head.merged_on_host();
+        // where the candidates meet: the host (CPU) for a host merge
+        let merge = if on_host { cpu } else { sched.device_of(input(g, io::HEAD_MERGE)?) };
         let hidden_dev = sched.device_of(hidden);
         let hidden_bytes = hidden.nbytes() as u64;
+        if on_host && hidden_dev != cpu {
+            // to the host and into the selection graph
+            t.moved += 2 * hidden_bytes;
+        }
+        let k_bytes = 2 * 4 * self.spec.top_k as u64 * hidden.ne()[1] as u64;
         let mut head_bytes = 0u64;
         for (j, (weight, _, _)) in parts.iter().enumerate() {
             let logits = input(g, &io::head_logits(j))?;
@@ -357,10 +433,13 @@ impl OwnDrafter {
             t.full_gather += copy_in;
             if at != merge {
                 t.full_gather += logits.nbytes() as u64;
-                if let Some(part) = g.tensor(&io::head_part(j)) {
+                let part = if on_host { g.tensor(&io::head_part_ids(j)) } else { g.tensor(&io::head_part(j)) };
+                t.moved += match (part, self.head.topk.get(j)) {
                     // ids and logits: 2 x 4 bytes per candidate
-                    t.moved += 2 * part.nbytes() as u64;
-                }
+                    (Some(part), _) => 2 * part.nbytes() as u64,
+                    (None, Some(kind)) if kind.outside() => k_bytes,
+                    _ => 0,
+                };
             }
             head_bytes += weight.nbytes() as u64;
         }
@@ -507,7 +586,7 @@ fn net<'a>(
     ids: &'a ModelIds,
     spec: &'a Spec,
     kv: &'a KvCache,
-    head: &'a TargetHead,
+    head: &'a HeadRead,
     flash_attn: bool,
 ) -> Net<'a> {
     Net {
@@ -517,11 +596,18 @@ fn net<'a>(
         spec,
         kv,
         head: HeadTensors {
-            tok_embd: head.tok_embd(),
+            tok_embd: head.tensors.tok_embd(),
             output: head
+                .tensors
                 .output()
                 .into_iter()
-                .map(|(weight, scale, first)| HeadSlice { weight, scale, first })
+                .enumerate()
+                .map(|(j, (weight, scale, first))| HeadSlice {
+                    weight,
+                    scale,
+                    first,
+                    outside: head.topk.get(j).is_some_and(SliceTopK::outside),
+                })
                 .collect(),
         },
         flash_attn,

@@ -62,6 +62,13 @@ impl<'a> Tensor<'a> {
         Tensor { ptr: NonNull::new(ptr).expect("ggml returned a NULL tensor"), _context: PhantomData }
     }
 
+    /// The address of the tensor's data in its buffer's memory space (a
+    /// device pointer on a device buffer), for kernels launched on it.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn data_addr(&self) -> u64 {
+        self.get().data as u64
+    }
+
     /// The raw tensor (for handles that outlive this borrow's scope).
     pub(crate) fn as_ptr(&self) -> *mut ggml_tensor {
         self.ptr.as_ptr()
