@@ -14,7 +14,9 @@
 # Options are dflash2-demo's: --draft --prompt --prompts --n-predict --n-max --np
 # --threads --upstream (also run llama.cpp's own draft-dflash) --image --mmproj
 # --draft-graph own|libllama (the drafter's forward: the library's own graph, the
-# default, or libllama's dflash graph).
+# default, or libllama's dflash graph), and the placement's: --rpc H:P,H:P --device
+# RPC0,RPC1 -ngl N -sm layer|tensor (a target split by tensor over two llama.cpp RPC
+# servers: docs/tensor-parallel.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
