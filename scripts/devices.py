@@ -211,8 +211,8 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, p
             key = (np_, mode, temp, n_prompts, n_predict)
             if pair is None and placement.name == "cpu":
                 CPU_TAU[key] = r["tau"]
-            if pair is None and placement.name == "rpc2":
-                LAYER_TAU[key] = r["tau"]
+            if placement.name == "rpc2":
+                LAYER_TAU[(key, pair)] = r["tau"]
             # a target split by tensor sums its products in another order than on one device:
             # its tau is set against the same nodes split by layer, not the CPU's
             cpu_tau = CPU_TAU.get(key) if pair is None and not placement.sm else None
@@ -240,7 +240,7 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, p
                       and (bound > 0.01 or r["tau"] <= cpu_tau * 1.01), f"{r['tau']:.3f} vs {cpu_tau:.3f}")
             head = r.get("head") or {}
             if placement.sm == "tensor" and mode.startswith("dflash2"):
-                layer_tau = LAYER_TAU.get(key) if pair is None else None
+                layer_tau = LAYER_TAU.get((key, pair))
                 moved = head.get("bytes_moved", 0) / max(head.get("noise_decodes", 0), 1)
                 gather = head.get("bytes_full_gather", 0) / max(head.get("noise_decodes", 0), 1)
                 slices = head.get("slices", 0)
@@ -250,6 +250,10 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, p
                          f"{moved:.0f} B/decode moved vs {gather:.0f} full-logit gather" if head.get('slices', 1) > 1
                          else ""]
                 note = "; ".join(x for x in [note or ""] + parts if x)
+                if pair is not None and layer_tau is not None:
+                    # the fixture's tiny matmuls take one kernel split or not: the same drafts as -sm layer
+                    check(f"library {placement.name} np {np_} {mode} tau = -sm layer's", r["tau"] == layer_tau,
+                          f"{r['tau']} vs {layer_tau}")
                 if pair is not None:
                     # the fixture target's own output.weight: split by vocabulary rows
                     want = len(placement.target.split(","))
@@ -737,7 +741,7 @@ def vulkan_placements():
 
 
 def run_step(name, fn, *args, **kw):
-    if ARGS.only and ARGS.only not in name:
+    if ARGS.only and not any(o in name for o in ARGS.only.split("|")):
         return
     start_t = time.time()
     print(f"== {name}", flush=True)
@@ -775,7 +779,8 @@ def main():
     ap.add_argument("--vulkan-server")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--only", help="run the steps whose name contains this (the CPU tau comes from 'library cpu')")
+    ap.add_argument("--only", help="run the steps whose name contains this, or one of A|B|... (the CPU tau comes "
+                                   "from 'library cpu', the -sm layer tau from 'library rpc2')")
     ARGS = ap.parse_args()
     ARGS.trained = os.path.basename(ARGS.draft) == "smollm2-135m-dflash2.gguf"
     os.makedirs(ARGS.workdir, exist_ok=True)
@@ -796,6 +801,8 @@ def main():
     # -sm tensor: SmolLM2 (its head whole on each node) and the fixture pair (a head in slices)
     tp = tensor_placement()
     run_step(f"library {tp.name}", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict)
+    run_step("library rpc2, fixture pair", with_rpc, rpc_placements()[0], library_rows, [1, 4],
+             ["dflash2", "dflash2-tree"], n_predict, pair=fixture_pair())
     run_step(f"library {tp.name}, head in slices", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"],
              n_predict, pair=fixture_pair())
     run_step(f"library {tp.name}: upstream", upstream_on_tensor_split)
