@@ -353,7 +353,10 @@ impl OwnDrafter {
             }
         }
         noise_stage.compute(*n_threads)?;
-        self.traffic = self.count_head_traffic()?;
+        // what a decode moves depends on its graph's shape and placement only
+        if self.noise_stage.take_rebuilt() {
+            self.traffic = self.count_head_traffic()?;
+        }
         let lattice = if self.head.merged_on_host() {
             self.select_merged(&inputs.tokens, width)?
         } else {

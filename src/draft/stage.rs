@@ -12,11 +12,13 @@ pub struct Stage {
     sched: Sched,
     /// The shape key and graph of the last allocated graph.
     kept: Option<(Vec<i64>, GraphCtx)>,
+    /// A new graph was built since `take_rebuilt` last looked.
+    rebuilt: bool,
 }
 
 impl Stage {
     pub fn new(sched: Sched) -> Stage {
-        Stage { sched, kept: None }
+        Stage { sched, kept: None, rebuilt: false }
     }
 
     pub fn sched(&self) -> &Sched {
@@ -37,8 +39,15 @@ impl Stage {
             build(&g);
             self.sched.alloc(&g)?;
             self.kept = Some((key, g));
+            self.rebuilt = true;
         }
         Ok(&self.kept.as_ref().expect("kept above").1)
+    }
+
+    /// Whether `graph` built (and allocated) a new graph since the last call
+    /// of this: what was derived from the kept graph's shape is stale.
+    pub fn take_rebuilt(&mut self) -> bool {
+        std::mem::take(&mut self.rebuilt)
     }
 
     /// The kept graph (after `graph`).
