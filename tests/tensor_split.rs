@@ -48,12 +48,18 @@ fn own_drafter(target: &Target, drafter: &Path, n_seq: usize) -> (Drafter, i32, 
 /// within `ulps` units in the last place (a slice's product may take another
 /// of ggml's CPU matmul kernels than the whole head's, by its shape).
 /// Returns the rows compared and the largest difference in ulps.
-fn lattices_agree(whole: &mut Target, sharded: &Target, drafter: &Path, ulps: u32) -> (usize, u32) {
+fn lattices_agree(
+    whole: &mut Target,
+    sharded: &Target,
+    drafter: &Path,
+    ulps: u32,
+    head_devices: usize,
+) -> (usize, u32) {
     let n_seq = 2;
     let (mut a, mask, n_embd, k) = own_drafter(whole, drafter, n_seq);
     let (mut b, _, _, _) = own_drafter(sharded, drafter, n_seq);
     let names: Vec<String> = b.devices().into_iter().map(|d| d.name).collect();
-    assert!(names.len() >= 2, "the drafter on a split head reads both slices' devices: {names:?}");
+    assert_eq!(names.len(), head_devices, "the devices the drafter reads the head on: {names:?}");
     let tc = unsafe { TargetContext::from_raw(whole.ctx) }.unwrap();
     let ckpt = dflash2::checkpoint::open(drafter).unwrap();
     let taps: Vec<u32> = ckpt.hparams.target_layers.iter().map(|&l| l as u32).collect();
@@ -122,8 +128,76 @@ fn a_head_split_by_vocabulary_gives_the_lattices_of_the_whole_head() {
     let sharded =
         Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 2, 512, 256);
     // two equal slices take the whole head's matmul kernel: bit for bit
-    let (rows, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 0);
+    let (rows, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 0, 2);
     eprintln!("split head: {rows} lattice rows identical to the whole head's (largest difference {worst} ulp)");
+}
+
+#[test]
+fn a_mirrored_head_under_sm_tensor_gives_the_lattices_of_the_unsplit_target() {
+    let _serial = serial();
+    let (_a, _b, nodes, _) = two_nodes();
+    // SmolLM2's head is its token embeddings (tied): -sm tensor mirrors it, so
+    // the drafter reads it whole on one device, as on an unsplit target
+    let path = smollm2();
+    let mut whole =
+        Target::with_model(Model::load_placed(&path, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
+    let sharded =
+        Target::with_model(Model::load_placed(&path, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 2, 512, 256);
+    let (rows, worst) = lattices_agree(&mut whole, &sharded, &smollm2_drafter(&path), 0, 1);
+    eprintln!("SmolLM2 -sm tensor: {rows} lattice rows identical to the unsplit target's ({worst} ulp)");
+}
+
+/// The inputs of the drafter's tap layers for one prompt on a SmolLM2 target
+/// loaded with `placement`: one vector per tap, rows x n_embd.
+fn tap_features(placement: &Placement, taps: &[u32], prompt: &str) -> (Vec<Vec<f32>>, usize) {
+    let path = smollm2();
+    let mut t = Target::with_model(Model::load_placed(&path, placement), 1, 512, 256);
+    let toks = t.tokenize(&format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"), false);
+    let tc = unsafe { TargetContext::from_raw(t.ctx) }.unwrap();
+    for &l in taps {
+        tc.set_layer_capture(l, true);
+    }
+    let rows: Vec<TRow> =
+        toks.iter().enumerate().map(|(i, &token)| TRow { seq: 0, token, pos: i as i32, logits: false }).collect();
+    t.decode(&rows);
+    let n = tc.n_embd() * rows.len();
+    (taps.iter().map(|&l| tc.layer_input(l).expect("captured")[..n].to_vec()).collect(), tc.n_embd())
+}
+
+/// What the drafter is fed on a target split by tensor: llama.cpp computes the
+/// target's layers with per-device partial products summed across devices, in
+/// another order than one device sums them. Under -sm layer the tap features
+/// are the CPU's bit for bit; under -sm tensor they drift (rounding to f16 in
+/// attention and to q8_1 before each Q4_1 matmul amplifies the reordering),
+/// while staying the same vectors (cosine near 1). The drift is the target's
+/// arithmetic, not the drafter's; it is why the trained drafter (fitted on
+/// this target's CPU features) has a lower tau under -sm tensor than under
+/// -sm layer (docs/tensor-parallel.md).
+#[test]
+fn tap_features_under_sm_tensor_drift_only_by_the_targets_arithmetic() {
+    let _serial = serial();
+    let (_a, _b, nodes, _) = two_nodes();
+    let ckpt = dflash2::checkpoint::open(&smollm2_drafter(&smollm2())).unwrap();
+    let taps: Vec<u32> = ckpt.hparams.target_layers.iter().map(|&l| l as u32).collect();
+    let prompt = "Write a haiku about rain.";
+    let (cpu, n) = tap_features(&split(&[], sys::LLAMA_SPLIT_MODE_LAYER), &taps, prompt);
+    let (layer, _) = tap_features(&split(&nodes, sys::LLAMA_SPLIT_MODE_LAYER), &taps, prompt);
+    let (tensor, _) = tap_features(&split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR), &taps, prompt);
+    assert!(cpu.iter().zip(&layer).all(|(a, b)| a == b), "-sm layer's tap features differ from the CPU's");
+    for (t, (a, b)) in taps.iter().zip(cpu.iter().zip(&tensor)) {
+        let (mut worst_cos, mut worst_rel) = (1f64, 0f64);
+        for (x, y) in a.chunks(n).zip(b.chunks(n)) {
+            let dot: f64 = x.iter().zip(y).map(|(p, q)| *p as f64 * *q as f64).sum();
+            let norm = |v: &[f32]| v.iter().map(|p| (*p as f64).powi(2)).sum::<f64>().sqrt();
+            let diff: f64 = x.iter().zip(y).map(|(p, q)| (*p as f64 - *q as f64).powi(2)).sum::<f64>().sqrt();
+            worst_cos = worst_cos.min(dot / (norm(x) * norm(y)));
+            worst_rel = worst_rel.max(diff / norm(x));
+        }
+        eprintln!(
+            "tap layer {t:2}: -sm tensor vs CPU: smallest cosine {worst_cos:.6}, largest |diff|/|x| {worst_rel:.2e}"
+        );
+        assert!(worst_cos > 0.99, "tap layer {t}: -sm tensor's features are not the target's (cosine {worst_cos})");
+    }
 }
 
 /// Greedy speculative decoding on `model` is identical to target-only on
@@ -223,7 +297,8 @@ fn a_split_over_two_nodes_and_the_cpu_reads_three_slices_and_stays_lossless() {
     let mut whole =
         Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
     let sharded = Target::with_model(Model::load_placed(&f.target, &tensor), 2, 512, 256);
-    let (rows, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8);
+    // the CPU slice is read in host memory: the drafter's devices are the two nodes
+    let (rows, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8, 2);
     drop((whole, sharded));
     let (drafted, _) = lossless(Model::load_placed(&f.target, &tensor), &f.drafter, &["one two", "three four"]);
     eprintln!(
@@ -264,7 +339,7 @@ fn a_slice_with_fewer_rows_than_candidates_gives_all_of_them() {
     assert!(rows.len() == 2 && rows[0] < k as i64, "slices of {rows:?} rows, k {k}: the first must be shorter than k");
     let mut whole =
         Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
-    let (n, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8);
+    let (n, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8, 2);
     drop((whole, sharded));
     let (drafted, _) = lossless(load_with_shares(&f.target, &nodes, &[0.005, 0.995]), &f.drafter, &["one two"]);
     eprintln!(
