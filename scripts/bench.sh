@@ -10,17 +10,23 @@
 #
 # Drafter by default: ../shared/models/smollm2-135m-dflash2.gguf (trained) when present,
 # else ../shared/models/smollm2-135m-dflash2-random.gguf, else a generated one.
-# Other options are dflash2-bench's: --np 1,2,4 --reps N --n-predict N --n-max N --tree N
-# --prompts FILE --modes ar,upstream,dflash2,dflash2-adaptive,dflash2-tree,dflash2-auto --threads N
-# --json PATH --svg PATH
-# --temp T --seed S (T > 0: sampled target; upstream sample-and-match, dflash2
-# sampled drafts with lossless rejection sampling; see tools/host/host.h)
+# Other options (scripts/bench.sh --help lists them, grouped): --np 1,2,4 --reps N
+# --n-predict N --n-max N --tree N --prompts FILE --modes ar,upstream,dflash2,... --threads N
+# --cost-world real|gpu-like --json PATH --svg PATH --temp T --seed S (T > 0: sampled target;
+# upstream sample-and-match, dflash2 sampled drafts with lossless rejection sampling).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 out="$root/target/bench"
 mkdir -p "$out"
 
+for a in "$@"; do
+    # the options, one screen: the tools are built (quietly) but nothing is fetched or run
+    if [ "$a" = "--help" ] || [ "$a" = "-h" ]; then
+        tools=$(scripts/build-tools.sh "$out" 2>"$out/build-tools.log") || { cat "$out/build-tools.log" >&2; exit 1; }
+        exec "$tools/dflash2-bench" --help
+    fi
+done
 tools=$(scripts/build-tools.sh "$out")
 
 args=("$@")

@@ -11,12 +11,10 @@
 #                                   the image before the first prompt's text (libmtmd, built
 #                                   with scripts/server.sh build on the first such run)
 #
-# Options are dflash2-demo's: --draft --prompt --prompts --n-predict --n-max --np
-# --threads --upstream (also run llama.cpp's own draft-dflash) --image --mmproj
-# --draft-graph own|libllama (the drafter's forward: the library's own graph, the
-# default, or libllama's dflash graph), and the placement's: --rpc H:P,H:P --device
-# RPC0,RPC1 -ngl N -sm layer|tensor (a target split by tensor over two llama.cpp RPC
-# servers: docs/tensor-parallel.md).
+# Options (scripts/demo.sh --help lists them, grouped): the demo's own (--walk, --tree,
+# --brief, --upstream) and the tools' (prompts, generation, sampling, the drafter,
+# the placement: --rpc H:P,H:P --device RPC0,RPC1 -ngl N -sm layer|tensor, a target
+# split by tensor over two llama.cpp RPC servers: docs/tensor-parallel.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -27,6 +25,13 @@ for a in "$@"; do
     # image prompts need libmtmd, which the patched server build makes
     if [ "$a" = "--image" ] && [ ! -f "$root/target/server/lib/libmtmd.so" ]; then
         scripts/server.sh build >/dev/null
+    fi
+done
+for a in "$@"; do
+    # the options, one screen: the tools are built (quietly) but nothing is fetched or run
+    if [ "$a" = "--help" ] || [ "$a" = "-h" ]; then
+        tools=$(scripts/build-tools.sh "$out" 2>"$out/build-tools.log") || { cat "$out/build-tools.log" >&2; exit 1; }
+        exec "$tools/dflash2-demo" --help
     fi
 done
 tools=$(scripts/build-tools.sh "$out")

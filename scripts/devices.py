@@ -248,7 +248,9 @@ def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, p
                          f"head in {slices} vocabulary slices" if slices > 1 else
                          "head whole on each node (tied embeddings)" if slices == 1 else "",
                          f"{moved:.0f} B/decode moved vs {gather:.0f} full-logit gather" if head.get('slices', 1) > 1
-                         else ""]
+                         else "",
+                         # the Q4_1 target's tap features differ under -sm tensor (its own arithmetic)
+                         "tau gap vs -sm layer: docs/tensor-parallel.md" if pair is None and layer_tau else ""]
                 note = "; ".join(x for x in [note or ""] + parts if x)
                 if pair is not None and layer_tau is not None:
                     # the fixture's tiny matmuls take one kernel split or not: the same drafts as -sm layer
@@ -573,7 +575,7 @@ def fixture_library_row(placement, rpc, kind):
     target, draft, extra = fixture_paths(kind)
     if kind == "image":
         extra += ["--image", os.path.join(ARGS.fixtures, "vision-image.png")]
-    cmd = [os.path.join(placement.tools(), "dflash2-demo"), "--target", target, "--draft", draft, "--n-predict", "24",
+    cmd = [os.path.join(placement.tools(), "dflash2-demo"), "--brief", "--target", target, "--draft", draft, "--n-predict", "24",
            "--threads", "2"] + [x for p in FIXTURE_PROMPTS[:1] for x in ("--prompt", p)] + extra + rpc.flag() \
         + placement.bench_flags()
     log_path = os.path.join(ARGS.workdir, f"demo-{placement.name}-{kind}.log".replace("/", "_"))

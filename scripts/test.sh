@@ -103,6 +103,20 @@ run "cargo test (unit, integration, header drift)" 2400 0 cargo test --workspace
 awk '/^     Running/ {bin=$2} /^test result:/ {n+=$4; f+=$6; i+=$8; printf "  %-44s %s\n", bin, $0}
      END {printf "  all: %d passed, %d failed, %d ignored\n", n, f, i}' "$last_log" | grep -v ' 0 passed; 0 failed; 0 ignored' || true
 
+# the README's main command as a newcomer runs it (target-only, the controller,
+# drafting every step, the GPU-like world; exits 1 unless every output at T = 0 is
+# target-only's), and both tools' --help within one screen
+step_demo() {
+    local n
+    for s in demo bench; do
+        n=$(scripts/$s.sh --help | wc -l)
+        [ "$n" -le 50 ] || { echo "scripts/$s.sh --help: $n lines, more than a screen"; return 1; }
+    done
+    scripts/demo.sh
+}
+export -f step_demo
+run "the demo (scripts/demo.sh) and the tools' --help" 900 16 bash -c step_demo
+
 # the kernel of cuda/ compiled to PTX by NVRTC from PyPI (no GPU needed); the GPU test
 # itself is ignored here (no device) and runs where one is (scripts/cuda-check.sh)
 run "CUDA kernel: NVRTC compiles cuda/topk.cu to PTX (cargo test --features cuda)" 1800 12 scripts/cuda-check.sh --ptx

@@ -534,10 +534,28 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
 
 } // namespace
 
+static const char * usage_bench() {
+    return "dflash2-bench: target-only, llama.cpp's draft-dflash and dflash2 side by side, ratios of the same run\n"
+           "bench\n"
+           "  --modes LIST    ar,upstream,dflash2,dflash2-adaptive (default); also dflash2-tree, dflash2-auto (the\n"
+           "                  controller), dflash2-libllama (the chain on libllama's graph), llama.cpp's n-gram types\n"
+           "                  ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; diagnostics ar-attached,\n"
+           "                  ar-fed, ar-unified\n"
+           "  --tree N        nodes per tree of dflash2-tree (--n-max)   --auto-tree N  the controller's largest (--tree)\n"
+           "  --reps N (3)    --lockstep A,B  two modes in turns of 16 steps (an A/B under the same load)\n"
+           "  --cost-world real|gpu-like  gpu-like: every target decode padded to what the run's largest verify\n"
+           "                  batch takes here (verify rows nearly free; docs/bench.md)\n"
+           "  --ngram-size-n N --ngram-size-m M  llama.cpp's n-gram types' sizes   --json PATH --svg PATH\n";
+}
+
 int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree", "--lockstep",
                 "--cost-world", "--ngram-size-n", "--ngram-size-m", "--auto-tree" });
+        if (args.help) {
+            printf("%s%s", usage_bench(), host_args_usage());
+            return 0;
+        }
         if (!args.flags.empty()) {
             throw std::runtime_error("unknown option " + args.flags[0]);
         }
@@ -653,16 +671,7 @@ int main(int argc, char ** argv) {
         printf("\nwrote %s and %s\n", path_json.c_str(), path_svg.c_str());
         return 0;
     } catch (const std::exception & e) {
-        fprintf(stderr, "dflash2-bench: %s\n%s  --modes LIST      ar,upstream,dflash2,dflash2-adaptive (default),"
-                " dflash2-tree, dflash2-auto;\n                    dflash2-libllama: the greedy chain of dflash2 on libllama's dflash graph (dflash2's other modes\n                    run --draft-graph, the library's own by default)\n                    llama.cpp's n-gram types: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache;\n                    diagnostics: ar-attached (an engine on the target, never called), ar-fed (fed rows, never drafting), ar-unified (target-only on the tree modes' context)\n  --tree N          nodes per tree of dflash2-tree (default --n-max)\n"
-                "  --reps N          repetitions per mode and np (default 3)\n"
-                "  --lockstep A,B    two modes in turns of 16 steps instead (an A/B under the same load)\n"
-                "  --auto-tree N     the controller's largest tree (dflash2-auto; default --tree)\n"
-                "  --ngram-size-n N, --ngram-size-m M  lookup and draft sizes of llama.cpp's n-gram types (default theirs)\n"
-                "  --cost-world W    real (default) or gpu-like: every target decode padded to a floor that covers\n"
-                "                    the run's largest verify batch, measured first (raises a lower --target-min-ms)\n"
-                "  --json PATH       results (default bench.json)\n  --svg PATH        chart (default bench.svg)\n",
-                e.what(), host_args_usage());
+        fprintf(stderr, "dflash2-bench: %s (--help: the options)\n", e.what());
         return 2;
     }
 }

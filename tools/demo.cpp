@@ -6,7 +6,11 @@
 // dflash2 runs as its default: the controller (adaptive walk), which each step
 // verifies no draft, a chain or a tree of up to --tree nodes (n-gram branches
 // included), whatever pays on this machine; --walk greedy runs the greedy chain
-// (llama.cpp's own drafts).
+// (llama.cpp's own drafts). Next to it, what the drafter achieves when it drafts
+// every step (the greedy chain and a tree of --tree nodes), and the same runs in
+// the GPU-like cost world (every target decode padded to what the largest verify
+// batch costs here: verify rows nearly free, as for a large model on a GPU), so
+// the controller's verdict on this machine reads against both.
 #include "args.h"
 #include "host.h"
 #ifdef HOST_WITH_MTMD
@@ -47,9 +51,83 @@ static void print_verdict(const host_stats & ar, const host_stats & s) {
             speedup >= 1.0 ? "" : " (it pays where tau exceeds that: a better drafter, or a target whose extra verify rows are nearly free, e.g. a large model on a GPU)");
 }
 
+// the runs of one cost world: target-only, dflash2's default and, unless --brief,
+// dflash2 drafting every step (the greedy chain unless it is the default, and a tree)
+struct demo_runs {
+    host_generation ar;
+    host_generation spec;
+    host_generation chain;
+    host_generation tree;
+    bool            has_chain = false;
+    bool            has_tree  = false;
+};
+
+static demo_runs run_world(host_target & tgt, const std::vector<std::vector<llama_token>> & prompts, bool adaptive,
+        bool brief, int32_t n_tree, int32_t n_seq_ids, bool with_ar = true) {
+    demo_runs r;
+    if (with_ar) {
+        tgt.reset_context(1, n_seq_ids);
+        r.ar = host_generate(tgt, nullptr, prompts);
+    }
+    tgt.reset_context(1, n_seq_ids);
+    if (adaptive) {
+        r.spec = host_generate_tree(tgt, n_tree, n_tree, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE, prompts);
+    } else {
+        auto d = make_drafter_dflash2(tgt);
+        r.spec = host_generate(tgt, d.get(), prompts);
+    }
+    if (brief) {
+        return r;
+    }
+    if (adaptive) {
+        tgt.reset_context(1, n_seq_ids);
+        auto d      = make_drafter_dflash2(tgt);
+        r.chain     = host_generate(tgt, d.get(), prompts);
+        r.has_chain = true;
+    }
+    tgt.reset_context(1, n_seq_ids);
+    r.tree     = host_generate_tree(tgt, n_tree, n_tree, LLAMA_SPEC_DFLASH2_WALK_GREEDY, prompts);
+    r.has_tree = true;
+    return r;
+}
+
+static int count_identical(const host_generation & a, const host_generation & b) {
+    int n = 0;
+    for (size_t i = 0; i < a.tokens.size() && i < b.tokens.size(); ++i) {
+        n += a.tokens[i] == b.tokens[i];
+    }
+    return n;
+}
+
+static void print_acceptance(const char * name, const host_stats & s, int32_t n_max) {
+    printf("  %s acceptance by draft position:", name);
+    for (int j = 0; j < n_max && j < HOST_MAX_DRAFT && s.drafted_at[j]; ++j) {
+        printf(" %d:%.0f%%", j + 1, 100.0 * s.accepted_at[j] / s.drafted_at[j]);
+    }
+    printf("\n");
+}
+
+// against target-only in the GPU-like world, where each of its tokens is one decode padded to the floor
+static double speedup(int32_t floor_ms, const host_generation & g) {
+    return g.stats.tokens_per_s() * floor_ms / 1e3;
+}
+
+static const char * usage_demo() {
+    return "dflash2-demo: one generation by the target alone and with dflash2 (through its C API), side by side\n"
+           "demo\n"
+           "  --walk adaptive|greedy  dflash2's default: the controller (adaptive) or the greedy chain\n"
+           "  --tree N        most nodes of the controller's trees and of the every-step tree (32, as llama-server's)\n"
+           "  --brief         target-only and the default only: no every-step rows, no GPU-like world\n"
+           "  --upstream      also run llama.cpp's own draft-dflash\n";
+}
+
 int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv, { "--walk", "--tree" });
+        if (args.help) {
+            printf("%s%s", usage_demo(), host_args_usage());
+            return 0;
+        }
         const std::string walk = args.values.count("--walk") ? args.values["--walk"] : "adaptive";
         if (walk != "adaptive" && walk != "greedy") {
             throw std::runtime_error("--walk is adaptive or greedy, got " + walk);
@@ -60,11 +138,13 @@ int main(int argc, char ** argv) {
         }
         // the controller verifies trees, in a unified KV cache with a sequence id per leaf
         const bool    adaptive    = walk == "adaptive";
-        const int32_t n_seq_ids   = adaptive ? host_tree_seq_ids(1, n_tree) : 0;
-        bool with_upstream = false;
+                bool with_upstream = false;
+        bool brief         = false;
         for (const auto & r : args.flags) {
             if (r == "--upstream") {
                 with_upstream = true;
+            } else if (r == "--brief") {
+                brief = true;
             } else {
                 throw std::runtime_error("unknown option " + r);
             }
@@ -107,17 +187,11 @@ int main(int argc, char ** argv) {
         }
         printf("\n");
 
-        tgt.reset_context(1, n_seq_ids);
-        const host_generation ar = host_generate(tgt, nullptr, prompts);
-
-        tgt.reset_context(1, n_seq_ids);
-        host_generation spec;
-        if (adaptive) {
-            spec = host_generate_tree(tgt, n_tree, n_tree, LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE, prompts);
-        } else {
-            auto d = make_drafter_dflash2(tgt);
-            spec = host_generate(tgt, d.get(), prompts);
-        }
+        // the every-step tree verifies trees too
+        const int32_t n_ids = adaptive || !brief ? host_tree_seq_ids(1, n_tree) : 0;
+        const demo_runs real = run_world(tgt, prompts, adaptive, brief, n_tree, n_ids);
+        const host_generation & ar   = real.ar;
+        const host_generation & spec = real.spec;
         host_generation up;
         if (with_upstream) {
             tgt.reset_context();
@@ -125,13 +199,12 @@ int main(int argc, char ** argv) {
             up = host_generate(tgt, d.get(), prompts);
         }
 
-        int identical = 0;
-        int identical_up = 0;
         for (size_t i = 0; i < prompts.size(); ++i) {
             printf("--- prompt %zu: %s\n%s\n\n", i, args.prompts[i].c_str(), tgt.detokenize(spec.tokens[i]).c_str());
-            identical += spec.tokens[i] == ar.tokens[i];
-            identical_up += with_upstream && up.tokens[i] == ar.tokens[i];
         }
+        const int identical    = count_identical(ar, spec);
+        const int identical_up = with_upstream ? count_identical(ar, up) : 0;
+        const std::string tree_name = "tree " + std::to_string(n_tree);
 
         const host_stats & s = spec.stats;
         printf("results\n");
@@ -139,6 +212,13 @@ int main(int argc, char ** argv) {
         print_row("dflash2", s);
         if (with_upstream) {
             print_row("upstream", up.stats);
+        }
+        if (!brief) {
+            printf("  dflash2 drafting every step (what the drafter achieves; the controller picks among such drafts):\n");
+            if (real.has_chain) {
+                print_row("chain", real.chain.stats);
+            }
+            print_row(tree_name.c_str(), real.tree.stats);
         }
         if (tgt.sampled()) {
             printf("  dflash2 output identical to target-only: n/a (sampled: same distribution, other draws)\n");
@@ -148,12 +228,22 @@ int main(int argc, char ** argv) {
             }
         } else {
             printf("  dflash2 output identical to target-only: %d/%zu\n", identical, prompts.size());
+            if (!brief) {
+                printf("  every-step output identical to target-only:");
+                if (real.has_chain) {
+                    printf(" chain %d/%zu,", count_identical(ar, real.chain), prompts.size());
+                }
+                printf(" %s %d/%zu\n", tree_name.c_str(), count_identical(ar, real.tree), prompts.size());
+            }
         }
-        printf("  dflash2 acceptance by draft position:");
-        for (int j = 0; j < args.params.n_max && j < HOST_MAX_DRAFT && s.drafted_at[j]; ++j) {
-            printf(" %d:%.0f%%", j + 1, 100.0 * s.accepted_at[j] / s.drafted_at[j]);
+        print_acceptance("dflash2", s, args.params.n_max);
+        if (real.has_chain) {
+            print_acceptance("chain", real.chain.stats, args.params.n_max);
         }
-        printf("\n  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
+        if (real.has_tree) {
+            print_acceptance(tree_name.c_str(), real.tree.stats, n_tree);
+        }
+        printf("  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
                 s.t_target_us / 1e3, s.t_drafter_us() / 1e3, s.t_inject_us / 1e3, s.t_noise_us / 1e3, s.t_walk_us / 1e3);
         printf("  dflash2 draft graph: %s\n", s.draft_graph == LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA
                 ? "libllama's dflash graph (--draft-graph libllama)"
@@ -165,6 +255,33 @@ int main(int argc, char ** argv) {
                     (double) s.head_bytes_full_gather / s.n_noise_decodes, s.head_bytes_mirrored / 1048576.0);
         }
         print_verdict(ar.stats, s);
+        // outputs of the every-step and GPU-like runs that differ from target-only's (at T = 0)
+        int differing = 0;
+        auto compare = [&](const host_generation & g) { differing += (int) prompts.size() - count_identical(ar, g); };
+        if (!brief) {
+            // the floor covers the largest verify batch: the every-step tree's, or the chain's
+            const host_cost_world world = host_set_cost_world(tgt, true, prompts[0], 1, n_ids,
+                    1 + std::max(args.params.n_max, n_tree));
+            // target-only there is one token per padded decode: not run again
+            const demo_runs gpu = run_world(tgt, prompts, adaptive, brief, n_tree, n_ids, /*with_ar*/ false);
+            tgt.params.target_min_ms = 0;
+            const int32_t f = world.floor_ms;
+            printf("  where a verify row is nearly free, as for a large model on a GPU (every target decode padded to "
+                   "%d ms, what a %d-row verify takes here, target-only one token per decode; the drafter at its real "
+                   "cost): dflash2 %.2fx target-only (tau %.2f)", f, world.rows_per_seq, speedup(f, gpu.spec),
+                    gpu.spec.stats.tau());
+            if (gpu.has_chain) {
+                printf(", chain %.2fx (tau %.2f)", speedup(f, gpu.chain), gpu.chain.stats.tau());
+            }
+            printf(", %s %.2fx (tau %.2f)\n", tree_name.c_str(), speedup(f, gpu.tree), gpu.tree.stats.tau());
+            for (const host_generation * g : { &gpu.spec, &gpu.tree, &real.tree }) {
+                compare(*g);
+            }
+            if (gpu.has_chain) {
+                compare(gpu.chain);
+                compare(real.chain);
+            }
+        }
 #ifdef HOST_WITH_MTMD
         if (image) {
             printf("  image: %zu image(s) decoded, %zu image rows each before prompt 0's text; every draft above "
@@ -174,12 +291,9 @@ int main(int argc, char ** argv) {
         if (tgt.sampled()) {
             return !with_upstream || identical_up == (int) prompts.size() ? 0 : 1;
         }
-        return identical == (int) prompts.size() ? 0 : 1;
+        return identical == (int) prompts.size() && differing == 0 ? 0 : 1;
     } catch (const std::exception & e) {
-        fprintf(stderr, "dflash2-demo: %s\n%s  --upstream        also run llama.cpp's own draft-dflash\n"
-                "  --walk W          adaptive (default: the controller, trees) or greedy (the greedy chain)\n"
-                "  --tree N          most nodes of the controller's trees (default 32, as llama-server's)\n", e.what(),
-                host_args_usage());
+        fprintf(stderr, "dflash2-demo: %s (--help: the options)\n", e.what());
         return 2;
     }
 }

@@ -73,50 +73,36 @@ std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::st
 }
 
 const char * host_args_usage() {
-    return "  --target PATH     target GGUF\n"
-           "  --draft PATH      DFlash2 drafter GGUF\n"
-           "  --n-max N         most tokens per draft (default 7)\n"
-           "  --n-predict N     tokens to generate per prompt (default 128)\n"
-           "  --np N[,N...]     sequences decoded in parallel (default 1)\n"
-           "  --threads N       CPU threads (default 2)\n"
-           "  --ctx-size N      target context (default 4096)\n"
-           "  --temp T          target sampling temperature (default 0: greedy; > 0: llama.cpp's temp + dist chain)\n"
-           "  --seed S          sampling seed (default 0; prompt i uses S + i)\n"
-           "  --top-k N, --top-p P, --min-p P  the target sampler's truncation before --temp, in llama.cpp's\n"
-           "                    order (default off: 0, 1, 0; llama-server's defaults are 40, 0.95, 0.05)\n"
-           "  --truncate-q on|off  dflash2's sampled drafts cut q like the sampler cuts p (default on)\n"
-           "  --draft-temp T    temperature of dflash2's sampled draft walk: auto (default: the library's choice\n"
-           "                    per temperature and tree size, from measured acceptance), temp (= --temp) or a value\n"
-           "  --adapt-sampled on|off  whether dflash2's sampled drafts adapt to what it measured: the draft\n"
-           "                    temperature (unless --draft-temp sets it) and sampled trees' calibrated growth\n"
-           "                    (default on; off: a seed reproduces its output)\n"
-           "  --draft-graph G   the graph of dflash2's drafter: own (default: the library's own weights, draft KV\n"
-           "                    cache and graph on the linked ggml) or libllama (libllama's dflash graph)\n"
-           "  --ngram-branches N  n-gram branches (continuations of the text's own earlier occurrences) per\n"
-           "                    dflash2 tree draft (default: the library's, 2; 0: none)\n"
-           "  --first-child F   how dflash2's sampled trees choose each node's first child: drawn (from q like\n"
-           "                    its siblings, the library's default) or greedy (q's most probable token)\n"
-           "  --prompt TEXT     a user message (repeatable)\n"
-           "  --prompts FILE    user messages, one per line\n"
-           "  --image FILE      an image before the first prompt's text (needs --mmproj)\n"
-           "  --mmproj FILE     the target's multimodal projector GGUF\n"
-           "  --target-min-ms D every target decode takes at least D ms (sleeping the rest): a stand-in for a big\n"
-           "                    memory-bound target, whose verify rows are nearly free (default 0: off)\n"
-           "  -ctk, --cache-type-k T, -ctv, --cache-type-v T  the target's KV cache types (default f16; q8_0\n"
-           "                    attends each row alike in any batch size on the CPU, f16 not from 64 rows)\n"
-           "  --rpc H:P[,H:P]   llama.cpp RPC servers: their devices are RPC0, RPC1, ... in order\n"
-           "  --device LIST     the target's devices (Vulkan0,RPC0,...; none = the CPU only; default: every GPU)\n"
-           "  -ngl, --n-gpu-layers N  target layers on the devices (default: all, the output layer included)\n"
-           "  -sm, --split-mode M     none, layer (default), row or tensor\n"
-           "  -ts, --tensor-split F,F share of each device\n"
-           "  --draft-device LIST     the drafter's devices (default: the device of the target's output head)\n"
-           "  --draft-ngl N     drafter layers on its devices (default: all)\n";
+    return "target, drafter, prompts\n"
+           "  --target PATH  --draft PATH   the target and the DFlash2 drafter (GGUF)\n"
+           "  --prompt TEXT (repeatable)  --prompts FILE (a user message per line)\n"
+           "  --image FILE --mmproj FILE    an image before the first prompt's text, and the target's projector\n"
+           "generation\n"
+           "  --n-predict N  tokens per prompt (128)     --n-max N  most tokens per draft (7)\n"
+           "  --np N[,N..]   sequences in parallel (1)   --threads N (2)   --ctx-size N (4096)\n"
+           "  -ctk, -ctv T   the target's KV cache types (f16; q8_0 attends rows alike in any batch on the CPU)\n"
+           "  --target-min-ms D  every target decode takes at least D ms: a big target's nearly free verify rows\n"
+           "sampling (default greedy)\n"
+           "  --temp T (0)  --seed S (0; prompt i uses S + i)  --top-k N --top-p P --min-p P (off; the server's:\n"
+           "                40, 0.95, 0.05)  dflash2's sampled drafts: --draft-temp auto|temp|T (auto)\n"
+           "  --truncate-q on|off (on)  --adapt-sampled on|off (on)  --first-child drawn|greedy (drawn)\n"
+           "dflash2's drafter\n"
+           "  --draft-graph own|libllama    the library's own forward (default) or libllama's dflash graph\n"
+           "  --ngram-branches N            n-gram branches per tree draft (the library's, 2; 0: none)\n"
+           "  --draft-device LIST  --draft-ngl N  the drafter's devices (default: the target head's) and layers\n"
+           "placement (llama.cpp's flags)\n"
+           "  --rpc H:P[,H:P]  RPC servers (devices RPC0, RPC1, ..)  --device LIST (none: the CPU; default: GPUs)\n"
+           "  -ngl N (all)  -sm none|layer|row|tensor (layer)  -ts F,F  (tensor split: docs/tensor-parallel.md)\n";
 }
 
 host_args host_parse_args(int argc, char ** argv, const std::vector<std::string> & value_flags) {
     host_args a;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
+        if (flag == "--help" || flag == "-h") {
+            a.help = true;
+            continue;
+        }
         auto value = [&]() -> std::string {
             if (i + 1 >= argc) {
                 throw std::runtime_error(flag + " needs a value");
@@ -218,6 +204,9 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
         a.np_list = { 1 };
     }
     a.params.n_seq = *std::max_element(a.np_list.begin(), a.np_list.end());
+    if (a.help) {
+        return a;
+    }
     if (a.params.path_target.empty() || a.params.path_draft.empty()) {
         throw std::runtime_error("--target and --draft are required");
     }

@@ -13,6 +13,7 @@ struct host_args {
     std::vector<std::string>           prompts; // user messages (chat template applied)
     std::vector<std::string>           flags;   // value-less options the tool handles itself
     std::map<std::string, std::string> values;  // the tool's own options with a value
+    bool                               help = false; // --help or -h: print the options, run nothing
 };
 
 // parses --target --draft --n-max --n-predict --np --threads --ctx-size --temp --seed --prompt --prompts,
@@ -22,4 +23,5 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
 // "1,2,4" -> {1, 2, 4}; each >= 1
 std::vector<int32_t> host_parse_int_list(const std::string & flag, const std::string & list);
 
+// the shared options, grouped, one screen with a tool's own group
 const char * host_args_usage();
