@@ -598,6 +598,54 @@ fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
     eprintln!("SmolLM2 np 4, trees of 7: tau {:.3}, by depth {}, shapes {}", st.tau, per_depth(&st, 7), shapes.top(4));
 }
 
+/// The largest trees a budget may pick, on the default f16 KV cache: 63 nodes
+/// (64 verify rows) on one sequence, and 4 sequences x 32 nodes (132 rows) in
+/// one verify batch. A target context whose ubatches stay below 64 rows
+/// (`n_ubatch` 63, `-ub 63`) decodes every one of them on the attention path of
+/// a one-row decode, so the outputs are target-only's token for token (the
+/// host splitting nothing itself: llama_decode cuts the batch). With ubatches
+/// of 512 both tests fail: the second prompt's 63-node trees leave target-only
+/// at its 15th token (a logit gap of 0.067), and so do the four 32-node trees.
+fn largest_trees_are_lossless(messages: &[&str], n_nodes: i32, leaves: i32, n_gen: usize) -> f64 {
+    let n_seq = messages.len();
+    let target_path = smollm2();
+    let park = n_seq as i32 + n_seq as i32 * leaves;
+    let mut target = unified_target(&target_path, 1 + park as u32, 4096, 512, 63);
+    let prompts: Vec<Vec<i32>> = messages.iter().map(|m| tokenize_chat(&target, m)).collect();
+    let reference = greedy_reference(&target_path, &prompts, n_gen);
+    let spec = Spec::new(&target, &trained_drafter(), default_params(n_seq as u32));
+    let mut streams = prefill(&mut target, &spec, &prompts);
+    let pools = pools(n_seq as i32, leaves);
+    let shape = Shape { n_nodes, max_children: 0, max_leaves: leaves };
+    let host = Host { pools: &pools, shape, verify: Verify::Library, park: Some(park), reference: Some(&reference) };
+    let mut shapes = Shapes::default();
+    let diverged = generate_trees(&mut target, &spec, &mut streams, n_gen, host, &mut shapes);
+    assert!(diverged.iter().all(Option::is_none), "{diverged:?}");
+    check_lossless(&spec, &streams, &reference, n_gen, &format!("smollm2 np {n_seq}, trees of {n_nodes}"));
+    let st = spec.stats();
+    assert!(st.n_drafted >= (n_nodes as u64) * st.n_verify_steps / 2, "the trees were not full: {st:?}");
+    eprintln!(
+        "SmolLM2 np {n_seq}, trees of {n_nodes}, f16 cache, ubatches of 63: tau {:.3}, shapes {}",
+        st.tau,
+        shapes.top(3)
+    );
+    st.tau
+}
+
+#[test]
+fn smollm2_trees_of_63_nodes_are_lossless_on_the_f16_cache() {
+    let _turn = one_at_a_time();
+    for m in &SMOL_PROMPTS[..3] {
+        largest_trees_are_lossless(&[m], 63, 16, 64);
+    }
+}
+
+#[test]
+fn smollm2_four_trees_of_32_nodes_in_one_batch_are_lossless_on_the_f16_cache() {
+    let _turn = one_at_a_time();
+    largest_trees_are_lossless(&SMOL_PROMPTS[..4], 32, 8, 24);
+}
+
 // ---- n-gram branches --------------------------------------------------------------
 
 /// N-gram branches (params.ngram_branches, on by default): where the answer

@@ -80,6 +80,7 @@ const char * host_args_usage() {
            "generation\n"
            "  --n-predict N  tokens per prompt (128)     --n-max N  most tokens per draft (7)\n"
            "  --np N[,N..]   sequences in parallel (1)   --threads N (2)   --ctx-size N (4096)\n"
+           "  -ub N          rows per target decode step (512): llama_decode splits larger batches\n"
            "  -ctk, -ctv T   the target's KV cache types (f16; q8_0 attends rows alike in any batch on the CPU)\n"
            "  --target-min-ms D  every target decode takes at least D ms: a big target's nearly free verify rows\n"
            "sampling (default greedy)\n"
@@ -123,6 +124,8 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.n_threads = to_int(flag, value(), 1);
         } else if (flag == "--ctx-size") {
             a.params.n_ctx = to_int(flag, value(), 256);
+        } else if (flag == "-ub" || flag == "--ubatch-size") {
+            a.params.n_ubatch = to_int(flag, value(), 1);
         } else if (flag == "--mmproj") {
             a.params.path_mmproj = value();
         } else if (flag == "--image") {

@@ -35,6 +35,7 @@ struct host_params {
 
     int32_t n_ctx     = 4096;
     int32_t n_batch   = 512;
+    int32_t n_ubatch  = 0;   // rows per target decode step (-ub; 0: n_batch): llama_decode splits larger batches
     int32_t n_threads = 2;
     int32_t n_seq     = 1;   // sequences decoded in parallel
     int32_t n_max     = 7;   // most tokens per draft

@@ -1,6 +1,7 @@
 #include "dflash2.hpp"
 #include "host.h"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <thread>
@@ -90,7 +91,7 @@ void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx           = params.n_ctx;
     cparams.n_batch         = params.n_batch;
-    cparams.n_ubatch        = params.n_batch;
+    cparams.n_ubatch        = params.n_ubatch > 0 ? std::min(params.n_ubatch, params.n_batch) : params.n_batch;
     cparams.n_seq_max       = n_seq_ids > 0 ? n_seq_ids : params.n_seq;
     cparams.n_threads       = params.n_threads;
     cparams.n_threads_batch = params.n_threads;
