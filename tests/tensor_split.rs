@@ -25,6 +25,11 @@ fn split(devices: &[sys::ggml_backend_dev_t], mode: sys::llama_split_mode) -> Pl
     Placement { devices: Some(devices), n_gpu_layers: -1, split_mode: mode }
 }
 
+/// A context of `n_seq` sequences (512 cells, batches of 256) on `path` loaded with `placement`.
+fn placed(path: &Path, placement: &Placement, n_seq: u32) -> Target {
+    Target::with_model(Model::load_placed(path, placement), n_seq, 512, 256)
+}
+
 /// Two RPC servers, registered: their devices.
 fn two_nodes() -> (RpcServer, RpcServer, Vec<sys::ggml_backend_dev_t>, Vec<String>) {
     let (a, b) = (RpcServer::start(), RpcServer::start());
@@ -123,10 +128,8 @@ fn a_head_split_by_vocabulary_gives_the_lattices_of_the_whole_head() {
     let (_a, _b, nodes, _) = two_nodes();
     let f = fixtures();
     // the fixture target has its own output.weight: -sm tensor splits its rows
-    let mut whole =
-        Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
-    let sharded =
-        Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 2, 512, 256);
+    let mut whole = placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER), 2);
+    let sharded = placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR), 2);
     // two equal slices take the whole head's matmul kernel: bit for bit
     let (rows, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 0, 2);
     eprintln!("split head: {rows} lattice rows identical to the whole head's (largest difference {worst} ulp)");
@@ -139,10 +142,8 @@ fn a_mirrored_head_under_sm_tensor_gives_the_lattices_of_the_unsplit_target() {
     // SmolLM2's head is its token embeddings (tied): -sm tensor mirrors it, so
     // the drafter reads it whole on one device, as on an unsplit target
     let path = smollm2();
-    let mut whole =
-        Target::with_model(Model::load_placed(&path, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
-    let sharded =
-        Target::with_model(Model::load_placed(&path, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 2, 512, 256);
+    let mut whole = placed(&path, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER), 2);
+    let sharded = placed(&path, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR), 2);
     let (rows, worst) = lattices_agree(&mut whole, &sharded, &smollm2_drafter(&path), 0, 1);
     eprintln!("SmolLM2 -sm tensor: {rows} lattice rows identical to the unsplit target's ({worst} ulp)");
 }
@@ -151,7 +152,7 @@ fn a_mirrored_head_under_sm_tensor_gives_the_lattices_of_the_unsplit_target() {
 /// loaded with `placement`: one vector per tap, rows x n_embd.
 fn tap_features(placement: &Placement, taps: &[u32], prompt: &str) -> (Vec<Vec<f32>>, usize) {
     let path = smollm2();
-    let mut t = Target::with_model(Model::load_placed(&path, placement), 1, 512, 256);
+    let mut t = placed(&path, placement, 1);
     let toks = t.tokenize(&format!("<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"), false);
     let tc = unsafe { TargetContext::from_raw(t.ctx) }.unwrap();
     for &l in taps {
@@ -266,8 +267,7 @@ fn refused_on_a_split_head(config: Config, why: &str) {
     let _serial = serial();
     let (_a, _b, nodes, _) = two_nodes();
     let f = fixtures();
-    let target =
-        Target::with_model(Model::load_placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR)), 1, 512, 256);
+    let target = placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR), 1);
     let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
     let err = create_drafter(&tc, &f.drafter, &config).err().expect("refused");
     assert_eq!(err.status, Status::LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED);
@@ -287,16 +287,15 @@ fn a_split_over_two_nodes_and_the_cpu_reads_three_slices_and_stays_lossless() {
     let f = fixtures();
     let tensor = split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR);
     {
-        let target = Target::with_model(Model::load_placed(&f.target, &tensor), 1, 512, 256);
+        let target = placed(&f.target, &tensor, 1);
         let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
         let devices = dflash2::sys::TargetHead::split_devices(&tc).expect("slices found").expect("split");
         let names: Vec<String> = devices.into_iter().map(|d| d.name).collect();
         assert_eq!(names.len(), 3, "{names:?}");
         assert_eq!(names[2], "CPU", "{names:?}");
     }
-    let mut whole =
-        Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
-    let sharded = Target::with_model(Model::load_placed(&f.target, &tensor), 2, 512, 256);
+    let mut whole = placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER), 2);
+    let sharded = placed(&f.target, &tensor, 2);
     // the CPU slice is read in host memory: the drafter's devices are the two nodes
     let (rows, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8, 2);
     drop((whole, sharded));
@@ -337,8 +336,7 @@ fn a_slice_with_fewer_rows_than_candidates_gives_all_of_them() {
     let head = dflash2::sys::TargetHead::find(&tc, None).unwrap();
     let rows: Vec<i64> = head.output().iter().map(|(w, _, _)| w.ne()[1]).collect();
     assert!(rows.len() == 2 && rows[0] < k as i64, "slices of {rows:?} rows, k {k}: the first must be shorter than k");
-    let mut whole =
-        Target::with_model(Model::load_placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER)), 2, 512, 256);
+    let mut whole = placed(&f.target, &split(&[], sys::LLAMA_SPLIT_MODE_LAYER), 2);
     let (n, worst) = lattices_agree(&mut whole, &sharded, &f.drafter, 8, 2);
     drop((whole, sharded));
     let (drafted, _) = lossless(load_with_shares(&f.target, &nodes, &[0.005, 0.995]), &f.drafter, &["one two"]);

@@ -58,8 +58,7 @@ struct demo_runs {
     host_generation spec;
     host_generation chain;
     host_generation tree;
-    bool            has_chain = false;
-    bool            has_tree  = false;
+    bool            has_chain = false; // the default is the controller, and not --brief
 };
 
 static demo_runs run_world(host_target & tgt, const std::vector<std::vector<llama_token>> & prompts, bool adaptive,
@@ -86,8 +85,7 @@ static demo_runs run_world(host_target & tgt, const std::vector<std::vector<llam
         r.has_chain = true;
     }
     tgt.reset_context(1, n_seq_ids);
-    r.tree     = host_generate_tree(tgt, n_tree, n_tree, LLAMA_SPEC_DFLASH2_WALK_GREEDY, prompts);
-    r.has_tree = true;
+    r.tree = host_generate_tree(tgt, n_tree, n_tree, LLAMA_SPEC_DFLASH2_WALK_GREEDY, prompts);
     return r;
 }
 
@@ -108,7 +106,7 @@ static void print_acceptance(const char * name, const host_stats & s, int32_t n_
 }
 
 // against target-only in the GPU-like world, where each of its tokens is one decode padded to the floor
-static double speedup(int32_t floor_ms, const host_generation & g) {
+static double gpu_like_speedup(int32_t floor_ms, const host_generation & g) {
     return g.stats.tokens_per_s() * floor_ms / 1e3;
 }
 
@@ -136,10 +134,9 @@ int main(int argc, char ** argv) {
         if (n_tree < 1 || n_tree > HOST_MAX_DRAFT) {
             throw std::runtime_error("--tree needs 1 to " + std::to_string(HOST_MAX_DRAFT) + " nodes");
         }
-        // the controller verifies trees, in a unified KV cache with a sequence id per leaf
-        const bool    adaptive    = walk == "adaptive";
-                bool with_upstream = false;
-        bool brief         = false;
+        const bool adaptive      = walk == "adaptive";
+        bool       with_upstream = false;
+        bool       brief         = false;
         for (const auto & r : args.flags) {
             if (r == "--upstream") {
                 with_upstream = true;
@@ -187,7 +184,7 @@ int main(int argc, char ** argv) {
         }
         printf("\n");
 
-        // the every-step tree verifies trees too
+        // the controller and the every-step tree verify trees, in a unified KV cache with a sequence id per leaf
         const int32_t n_ids = adaptive || !brief ? host_tree_seq_ids(1, n_tree) : 0;
         const demo_runs real = run_world(tgt, prompts, adaptive, brief, n_tree, n_ids);
         const host_generation & ar   = real.ar;
@@ -240,7 +237,7 @@ int main(int argc, char ** argv) {
         if (real.has_chain) {
             print_acceptance("chain", real.chain.stats, args.params.n_max);
         }
-        if (real.has_tree) {
+        if (!brief) {
             print_acceptance(tree_name.c_str(), real.tree.stats, n_tree);
         }
         printf("  dflash2 time: target verify %.1f ms, drafter %.1f ms (inject %.1f, noise block %.1f, walk %.1f)\n",
@@ -268,12 +265,12 @@ int main(int argc, char ** argv) {
             const int32_t f = world.floor_ms;
             printf("  where a verify row is nearly free, as for a large model on a GPU (every target decode padded to "
                    "%d ms, what a %d-row verify takes here, target-only one token per decode; the drafter at its real "
-                   "cost): dflash2 %.2fx target-only (tau %.2f)", f, world.rows_per_seq, speedup(f, gpu.spec),
+                   "cost): dflash2 %.2fx target-only (tau %.2f)", f, world.rows_per_seq, gpu_like_speedup(f, gpu.spec),
                     gpu.spec.stats.tau());
             if (gpu.has_chain) {
-                printf(", chain %.2fx (tau %.2f)", speedup(f, gpu.chain), gpu.chain.stats.tau());
+                printf(", chain %.2fx (tau %.2f)", gpu_like_speedup(f, gpu.chain), gpu.chain.stats.tau());
             }
-            printf(", %s %.2fx (tau %.2f)\n", tree_name.c_str(), speedup(f, gpu.tree), gpu.tree.stats.tau());
+            printf(", %s %.2fx (tau %.2f)\n", tree_name.c_str(), gpu_like_speedup(f, gpu.tree), gpu.tree.stats.tau());
             for (const host_generation * g : { &gpu.spec, &gpu.tree, &real.tree }) {
                 compare(*g);
             }
