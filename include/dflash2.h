@@ -60,10 +60,25 @@
 // top-k on each device, merged); stats gained n_noise_decodes,
 // n_head_slices, head_bytes_moved, head_bytes_full_gather and
 // head_bytes_mirrored (appended).
-#define LLAMA_SPEC_DFLASH2_API_VERSION 10
+// 11: LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH: the target ubatch that keeps
+// T = 0 verification on a CPU target with an f16/f32 cache identical to
+// target-only decoding.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 11
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
+
+// Rows per target ubatch (the host's `n_ubatch`) at which a verify batch on a
+// CPU target with an f16 or f32 KV cache stays on the attention kernel that
+// decodes one token: ggml's CPU flash attention tiles 64 query rows and more,
+// and the tiled kernel rounds near-ties otherwise than target-only decoding
+// (T = 0 outputs then leave target-only's at 64+ verify rows). A host keeps
+// them identical on such targets with ubatches of at most this many rows (the
+// tools' default), or with verify batches (every sequence's draft and anchor)
+// of at most this many rows (llama-server's, whose prompts then decode as
+// without a drafter). GPU backends pick their kernels by batch size too; no
+// ubatch keeps them bit-identical.
+#define LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH 63
 
 // Most n-gram branches per tree draft (params.ngram_branches).
 #define LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES 16

@@ -13,7 +13,8 @@
 #define DFLASH2_SERVER_TREE_MAX_NODES 256
 // the tree budget per slot and step of the adaptive walk (the default) when
 // --spec-dflash2-tree is not given: the controller picks k <= this many nodes
-#define DFLASH2_SERVER_TREE_DEFAULT_NODES 32
+// (a slot's tree and its anchor: 64 rows, one tile of a GPU's attention kernels)
+#define DFLASH2_SERVER_TREE_DEFAULT_NODES 63
 
 // our command-line options (dflash2-server-args.cpp)
 struct dflash2_server_options {
@@ -26,6 +27,7 @@ struct dflash2_server_options {
     int32_t adapt_sampled  = -1;  // --spec-dflash2-adapt-sampled: sampled drafts adapt to what was measured (-1: default, on)
     int32_t draft_graph    = -1;  // --spec-dflash2-draft-graph: own or libllama (-1: the library's default, own)
     bool    use_upstream = false;
+    int32_t identical_rows = 0;   // verify rows per step that keep T = 0 outputs target-only's (0: any)
     bool    init_failed  = false; // dflash2 was asked for and no engine could be created
 
     // the start-up plan for trees (dflash2_server_tree_plan)

@@ -131,10 +131,46 @@ int32_t dflash2_server_output_n_max(const common_params & params) {
     }
 }
 
+// the target runs on ggml's CPU backend: no layer offloaded, -dev none, or no
+// accelerator registered (an RPC server's device counts as one)
+static bool target_cpu_only(const common_params & params) {
+    if (params.n_gpu_layers == 0) {
+        return true;
+    }
+    if (!params.devices.empty()) {
+        return std::all_of(params.devices.begin(), params.devices.end(), [](ggml_backend_dev_t d) {
+            return d == nullptr || ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU;
+        });
+    }
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        const enum ggml_backend_dev_type type = ggml_backend_dev_type(ggml_backend_dev_get(i));
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// the most rows a verify batch may have for T = 0 outputs identical to target-
+// only decoding (0: no bound): on a CPU target whose f16/f32 cache ggml's flash
+// attention tiles at 64+ query rows in one ubatch, a bigger batch leaves the
+// kernel that decodes one token (LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH);
+// ubatches below that (-ub 63) lift the bound, and the prompt's ubatches stay
+// llama.cpp's, as a server without the drafter decodes them
+static int32_t identical_verify_rows(const common_params & params) {
+    const auto tiles = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_F32; };
+    if (!tiles(params.cache_type_k) || params.cache_type_k != params.cache_type_v || !target_cpu_only(params) ||
+            params.n_ubatch <= (int32_t) LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH) {
+        return 0;
+    }
+    return LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH;
+}
+
 common_init_result_ptr dflash2_server_init_target(common_params & params) {
     if (!dflash2_server_routes(params)) {
         return common_init_from_params(params);
     }
+    dflash2_server_opts().identical_rows = identical_verify_rows(params);
     const std::string path_draft = params.speculative.draft.mparams.path;
     if (params.fit_params) {
         try {

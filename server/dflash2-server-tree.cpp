@@ -69,6 +69,39 @@ void log_chains(int32_t n_nodes, const char * why) {
     }
 }
 
+// the sequence ids of trees of up to n_nodes nodes per slot (opts.tree_nodes set)
+int32_t plan_trees(common_params & params, int32_t n_nodes) {
+    dflash2_server_options & opts = dflash2_server_opts();
+    const int32_t n_slots = params.n_parallel;
+    opts.tree_nodes = n_nodes;
+    // slot k needs its own id, leaves - 1 path ids and a park id: n_slots x (leaves
+    // + 1) sequence ids, within llama.cpp's limit and the context's outputs (a
+    // context reserves one output per sequence id: at most n_batch of them)
+    const int32_t n_batch   = params.n_ctx > 0 ? std::min(params.n_batch, params.n_ctx) : params.n_batch;
+    const int32_t by_seq    = MAX_SEQ / n_slots - 1;
+    const int32_t by_batch  = n_batch / n_slots - 1;
+    const int32_t n_leaves  = std::min({ n_nodes, by_seq, by_batch });
+    if (n_leaves < std::min(n_nodes, 2) && !opts.tree_given) {
+        log_chains(n_nodes, "too many slots for the sequence ids or outputs of trees of 2 leaves");
+        return n_slots;
+    }
+    if (n_leaves < std::min(n_nodes, 2)) {
+        opts.tree_refusal = by_seq <= by_batch
+            ? string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids do not fit llama.cpp's %d "
+                    "for trees of 2 leaves or more (at most -np %d with trees)", n_nodes, n_slots, MAX_SEQ, MAX_SEQ / 3)
+            : string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids need as many outputs, more "
+                    "than the batch holds (-b %d) for trees of 2 leaves or more (at least -b %d)", n_nodes, n_slots,
+                    n_batch, 3 * n_slots);
+        return n_slots;
+    }
+    opts.tree_leaves = n_leaves;
+    if (n_leaves < n_nodes) {
+        LOG_INF("dflash2: %s: at most %d leaves per slot (%d slots x (leaves + 1) sequence ids within llama.cpp's %d "
+                "and the batch's %d outputs)\n", budget_name(n_nodes).c_str(), n_leaves, n_slots, MAX_SEQ, n_batch);
+    }
+    return n_slots * (n_leaves + 1);
+}
+
 } // namespace
 
 int32_t dflash2_server_tree_plan(common_params & params) {
@@ -96,32 +129,25 @@ int32_t dflash2_server_tree_plan(common_params & params) {
         log_chains(n_nodes, why);
         return n_slots;
     }
-    // slot k needs its own id, leaves - 1 path ids and a park id: n_slots x (leaves
-    // + 1) sequence ids, within llama.cpp's limit and the context's outputs (a
-    // context reserves one output per sequence id: at most n_batch of them)
-    const int32_t n_batch   = params.n_ctx > 0 ? std::min(params.n_batch, params.n_ctx) : params.n_batch;
-    const int32_t by_seq    = MAX_SEQ / n_slots - 1;
-    const int32_t by_batch  = n_batch / n_slots - 1;
-    const int32_t n_leaves  = std::min({ n_nodes, by_seq, by_batch });
-    if (n_leaves < std::min(n_nodes, 2) && !opts.tree_given) {
-        log_chains(n_nodes, "too many slots for the sequence ids or outputs of trees of 2 leaves");
-        return n_slots;
+    // T = 0 identity: every slot's tree and anchor in one verify batch of at most
+    // identical_rows rows (see identical_verify_rows); a budget asked for keeps
+    // its size, with a warning
+    const int32_t fit_identical = opts.identical_rows > 0 ? opts.identical_rows / n_slots - 1 : n_nodes;
+    if (fit_identical < n_nodes && opts.tree_given) {
+        LOG_WRN("dflash2: %s: %d slots x (1 + %d) rows may take ggml's tiled attention on this CPU target, whose "
+                "near-ties round otherwise than target-only decoding (-ub %d keeps T = 0 outputs identical)\n",
+                budget_name(n_nodes).c_str(), n_slots, n_nodes, opts.identical_rows);
+    } else if (fit_identical < n_nodes) {
+        if (fit_identical < 1) {
+            log_chains(n_nodes, "trees for this many slots would take ggml's tiled attention on this CPU target");
+            return n_slots;
+        }
+        LOG_INF("dflash2: %s: trees of up to %d nodes: %d slots x (1 + %d) rows stay below ggml's tiled attention "
+                "on this CPU target (T = 0 outputs identical to target-only; -ub %d lifts this)\n",
+                budget_name(n_nodes).c_str(), fit_identical, n_slots, fit_identical, opts.identical_rows);
+        return plan_trees(params, fit_identical);
     }
-    if (n_leaves < std::min(n_nodes, 2)) {
-        opts.tree_refusal = by_seq <= by_batch
-            ? string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids do not fit llama.cpp's %d "
-                    "for trees of 2 leaves or more (at most -np %d with trees)", n_nodes, n_slots, MAX_SEQ, MAX_SEQ / 3)
-            : string_format("--spec-dflash2-tree %d: %d slots x (leaves + 1) sequence ids need as many outputs, more "
-                    "than the batch holds (-b %d) for trees of 2 leaves or more (at least -b %d)", n_nodes, n_slots,
-                    n_batch, 3 * n_slots);
-        return n_slots;
-    }
-    opts.tree_leaves = n_leaves;
-    if (n_leaves < n_nodes) {
-        LOG_INF("dflash2: %s: at most %d leaves per slot (%d slots x (leaves + 1) sequence ids within llama.cpp's %d "
-                "and the batch's %d outputs)\n", budget_name(n_nodes).c_str(), n_leaves, n_slots, MAX_SEQ, n_batch);
-    }
-    return n_slots * (n_leaves + 1);
+    return plan_trees(params, n_nodes);
 }
 
 void dflash2_server_tree::init(llama_context * ctx, int32_t n_slots_, int32_t n_nodes_, int32_t n_leaves_) {

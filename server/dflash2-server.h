@@ -27,8 +27,9 @@
 //                                 | greedy (as upstream: the greedy chain, trees only with --spec-dflash2-tree)
 //   --spec-dflash2-upstream       serve draft-dflash with llama.cpp's own path (for comparison)
 //   --spec-dflash2-tree N         slots draft and verify trees of up to N nodes per step (greedy
-//                                 or sampled; 0 = chains); default 32 with the adaptive walk, 0 with
-//                                 the greedy one; needs a unified KV cache (-kvu; one slot gets one,
+//                                 or sampled; 0 = chains); default 63 with the adaptive walk (on a CPU
+//                                 target with an f16/f32 cache and ubatches of 64+ rows: every slot's tree
+//                                 within 63 verify rows, for T = 0 identity), 0 with the greedy one; needs a unified KV cache (-kvu; one slot gets one,
 //                                 and so does llama-server's automatic -np) and a pure-attention
 //                                 target, otherwise chains; the default budget also drafts chains
 //                                 under --context-shift and shrinks in a small context

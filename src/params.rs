@@ -180,6 +180,18 @@ impl Default for llama_spec_dflash2_params {
     }
 }
 
+/// Rows per target ubatch (the host's `n_ubatch`) at which a verify batch on a
+/// CPU target with an f16 or f32 KV cache stays on the attention kernel that
+/// decodes one token: ggml's CPU flash attention tiles 64 query rows and more,
+/// and the tiled kernel rounds near-ties otherwise than target-only decoding
+/// (T = 0 outputs then leave target-only's at 64+ verify rows). A host keeps
+/// them identical on such targets with ubatches of at most this many rows (the
+/// tools' default), or with verify batches (every sequence's draft and anchor)
+/// of at most this many rows (llama-server's, whose prompts then decode as
+/// without a drafter). GPU backends pick their kernels by batch size too; no
+/// ubatch keeps them bit-identical.
+pub const LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH: u32 = 63;
+
 /// Most n-gram branches per tree draft (params.ngram_branches).
 pub const LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES: i32 = 16;
 

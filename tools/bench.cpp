@@ -541,7 +541,7 @@ static const char * usage_bench() {
            "                  controller), dflash2-libllama (the chain on libllama's graph), llama.cpp's n-gram types\n"
            "                  ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache; diagnostics ar-attached,\n"
            "                  ar-fed, ar-unified\n"
-           "  --tree N        nodes per tree of dflash2-tree (--n-max)   --auto-tree N  the controller's largest (--tree)\n"
+           "  --tree N        nodes per tree of dflash2-tree (--n-max)   --auto-tree N  the controller's largest (63)\n"
            "  --reps N (3)    --lockstep A,B  two modes in turns of 16 steps (an A/B under the same load)\n"
            "  --cost-world real|gpu-like  gpu-like: every target decode padded to what the run's largest verify\n"
            "                  batch takes here (verify rows nearly free; docs/bench.md)\n"
@@ -570,9 +570,9 @@ int main(int argc, char ** argv) {
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
         const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
                                                            : args.params.n_max;
-        // the controller's largest tree (dflash2-auto): --auto-tree, else --tree
+        // the controller's largest tree (dflash2-auto): --auto-tree, else llama-server's default budget
         const int32_t n_auto = args.values.count("--auto-tree")
-                ? host_parse_int_list("--auto-tree", args.values["--auto-tree"])[0] : n_tree;
+                ? host_parse_int_list("--auto-tree", args.values["--auto-tree"])[0] : HOST_DEFAULT_TREE_BUDGET;
         const tree_sizes sizes      = { n_tree, n_auto };
         const int32_t    n_tree_ids = sizes.n_ids();
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
@@ -594,12 +594,21 @@ int main(int argc, char ** argv) {
         printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
                 args.params.n_max, args.params.n_threads, reps);
-        printf("target KV cache: K %s, V %s\n", ggml_type_name(args.params.cache_type_k),
-                ggml_type_name(args.params.cache_type_v));
+        printf("target KV cache: K %s, V %s; %d rows per target ubatch\n", ggml_type_name(args.params.cache_type_k),
+                ggml_type_name(args.params.cache_type_v), std::min(tgt.n_ubatch(), args.params.n_batch));
         if (tgt.sampled()) {
             printf("sampled: temp %.2f (chain: temp, dist), seed %d; upstream: greedy drafts, sample-and-match; "
                    "dflash2: sampled drafts, lossless rejection sampling\n", args.params.temp, args.params.seed);
         }
+
+        // the tree modes park every verified cell until a wave of prompts ends
+        const std::vector<std::string> lockstep = split(args.values.count("--lockstep") ? args.values["--lockstep"] : "");
+        const bool    any_tree = std::any_of(modes.begin(), modes.end(), is_tree) ||
+                                 std::any_of(lockstep.begin(), lockstep.end(), is_tree);
+        const int32_t np_max   = *std::max_element(args.np_list.begin(), args.np_list.end());
+        host_fit_context(tgt, prompts, np_max, any_tree ? 1 + std::max(args.params.n_max, n_tree_ids) : 1);
+        printf("target context: %d cells%s\n", tgt.params.n_ctx,
+                args.params.n_ctx > 0 ? "" : " (what the run's trees park at most; --ctx-size sets it)");
 
         if (args.values.count("--lockstep")) {
             return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps, sizes);
@@ -609,8 +618,6 @@ int main(int argc, char ** argv) {
         if (world_name != "real" && world_name != "gpu-like") {
             throw std::runtime_error("--cost-world is real or gpu-like, got " + world_name);
         }
-        const bool    any_tree = std::any_of(modes.begin(), modes.end(), is_tree);
-        const int32_t np_max   = *std::max_element(args.np_list.begin(), args.np_list.end());
         const host_cost_world world = host_set_cost_world(tgt, world_name == "gpu-like", prompts[0], np_max,
                 any_tree ? host_tree_seq_ids(np_max, tree_leaves(np_max, n_tree_ids)) : 0,
                 1 + std::max(args.params.n_max, any_tree ? n_tree_ids : 0));

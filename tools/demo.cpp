@@ -114,7 +114,7 @@ static const char * usage_demo() {
     return "dflash2-demo: one generation by the target alone and with dflash2 (through its C API), side by side\n"
            "demo\n"
            "  --walk adaptive|greedy  dflash2's default: the controller (adaptive) or the greedy chain\n"
-           "  --tree N        most nodes of the controller's trees and of the every-step tree (32, as llama-server's)\n"
+           "  --tree N        most nodes of the controller's trees and of the every-step tree (63, as llama-server's)\n"
            "  --brief         target-only and the default only: no every-step rows, no GPU-like world\n"
            "  --upstream      also run llama.cpp's own draft-dflash\n";
 }
@@ -130,7 +130,8 @@ int main(int argc, char ** argv) {
         if (walk != "adaptive" && walk != "greedy") {
             throw std::runtime_error("--walk is adaptive or greedy, got " + walk);
         }
-        const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0] : 32;
+        const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
+                                                            : HOST_DEFAULT_TREE_BUDGET;
         if (n_tree < 1 || n_tree > HOST_MAX_DRAFT) {
             throw std::runtime_error("--tree needs 1 to " + std::to_string(HOST_MAX_DRAFT) + " nodes");
         }
@@ -186,6 +187,7 @@ int main(int argc, char ** argv) {
 
         // the controller and the every-step tree verify trees, in a unified KV cache with a sequence id per leaf
         const int32_t n_ids = adaptive || !brief ? host_tree_seq_ids(1, n_tree) : 0;
+        host_fit_context(tgt, prompts, 1, n_ids > 0 ? 1 + std::max(args.params.n_max, n_tree) : 1);
         const demo_runs real = run_world(tgt, prompts, adaptive, brief, n_tree, n_ids);
         const host_generation & ar   = real.ar;
         const host_generation & spec = real.spec;

@@ -55,7 +55,10 @@ use crate::params::llama_spec_dflash2_params;
 /// top-k on each device, merged); stats gained n_noise_decodes,
 /// n_head_slices, head_bytes_moved, head_bytes_full_gather and
 /// head_bytes_mirrored (appended).
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 10;
+/// 11: LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH: the target ubatch that keeps
+/// T = 0 verification on a CPU target with an f16/f32 cache identical to
+/// target-only decoding.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 11;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

@@ -170,14 +170,14 @@ def test_hybrid_with_trees_asked_for_drafts_chains_and_answers_identically(ref, 
 
 @on_target(HYBRID, ("reference", ["-np", "1", "-c", "2048"]), ("default", ["-c", "4096"] + [DEFAULT_DRAFT]))
 def test_hybrid_default_server_drafts_chains_with_the_controller_and_answers_identically(ref, default):
-    # the server's defaults (the adaptive walk, trees of up to 32 nodes) on a
+    # the server's defaults (the adaptive walk, trees of up to 63 nodes) on a
     # target that cannot branch, through llama-server's automatic 4 slots: the
     # controller sizes chains, and the reason is an info line, not a warning
     for p in PROMPTS[:2]:
         want = ref.chat(p, n_predict=24)
         assert default.chat(p, n_predict=24) == want, p
     log = default.log_text()
-    assert log.count("I dflash2: trees (the adaptive walk's default budget of 32 nodes): the target's memory is "
+    assert log.count("I dflash2: trees (the adaptive walk's default budget of 63 nodes): the target's memory is "
                      "recurrent or hybrid and cannot branch: the slots draft chains") == 1, log[-2000:]
     assert "dflash2: adaptive walk, chains (default:" in log
     total = ts.assert_default_budgets(default, 4, tree_budget=0)

@@ -8,7 +8,7 @@ cancelled request, with drafting visible in /metrics and /slots, no crash and no
 error in its log; a drafter it cannot serve stops it with a clear message. Most
 tests draft greedy chains (--spec-dflash2-walk greedy: every step drafts, which
 their checks count on); the server's default (the adaptive walk, trees of up to
-32 nodes) has tests of its own.
+63 nodes, fewer on this CPU: see assert_default_budgets) has tests of its own.
 
     test_server.py --server BIN --target GGUF --draft GGUF --fixtures DIR [--only NAME]
 """
@@ -258,7 +258,7 @@ def test_generation_past_the_context_shifts_identically(ref, spec, default):
         log = server.log_text()
         assert "context shift" in log.lower() or "n_discard" in log, "no context shift happened"
         assert got == want, f"after a context shift:\n  {server.name}: {got[-120:]!r}\n  reference: {want[-120:]!r}"
-    assert "I dflash2: trees (the adaptive walk's default budget of 32 nodes): --context-shift runs the KV cache " \
+    assert "I dflash2: trees (the adaptive walk's default budget of 63 nodes): --context-shift runs the KV cache " \
            "full" in default.log_text()
     assert default.request("GET", "/slots")[0]["draft"]["tree_budget"] == 0
 
@@ -357,7 +357,7 @@ def test_the_adaptive_walk_drafts_chains_where_the_cache_cannot_branch(ref, adap
     assert got == want
     assert adaptive.metrics().get("dflash2_drafted_tokens_total", 0) > 0, "it drafts while warming up"
     log = adaptive.log_text()
-    assert log.count("I dflash2: trees (the adaptive walk's default budget of 32 nodes): the KV cache is not "
+    assert log.count("I dflash2: trees (the adaptive walk's default budget of 63 nodes): the KV cache is not "
                      "unified (add -kvu): the slots draft chains") == 1, log[-2000:]
     assert "dflash2: adaptive walk, chains (default:" in log
     total = assert_default_budgets(adaptive, 2, tree_budget=0)
@@ -404,7 +404,7 @@ def test_bad_values_of_our_flags_stop_the_server():
         try:
             s.wait_ready()
             draft = s.request("GET", "/slots")[0]["draft"]
-            assert draft["walk"] == walk and draft["tree_budget"] == (32 if walk == "adaptive" else 0), draft
+            assert draft["walk"] == walk and draft["tree_budget"] == (identical_budget(1) if walk == "adaptive" else 0), draft
         finally:
             assert s.stop() == 0
 
@@ -842,11 +842,17 @@ def test_trees_fall_back_to_chains_or_refuse_with_a_reason():
     assert code > 0, f"exit code {code} (a signal is a crash):\n{s.log_tail()}"
     assert "at most -np 85 with trees" in s.log_text(), s.log_tail()
 
-    # the default budget (not asked for) yields to chains there instead, with the reason
-    @with_servers(("default-100-slots", ["-np", "100", "-kvu", "-c", "4096"] + default_drafter()))
-    def many(default):
-        assert ("I dflash2: trees (the adaptive walk's default budget of 32 nodes): too many slots for the sequence "
-                "ids or outputs of trees of 2 leaves: the slots draft chains") in default.log_text()
+    # the default budget (not asked for) yields to chains there instead, with the reason: on
+    # this CPU first for T = 0 identity (100 slots' trees in 63 rows), and below ubatches of
+    # 63 rows (no such bound) for the sequence ids
+    @with_servers(("default-100-slots", ["-np", "100", "-kvu", "-c", "4096"] + default_drafter()),
+                  ("default-100-slots-ub", ["-np", "100", "-kvu", "-c", "4096", "-ub", "63"] + default_drafter()))
+    def many(default, default_ub):
+        assert ("I dflash2: trees (the adaptive walk's default budget of 63 nodes): trees for this many slots would "
+                "take ggml's tiled attention on this CPU target: the slots draft chains") in default.log_text()
+        assert ("I dflash2: trees (the adaptive walk's default budget of 63 nodes): too many slots for the sequence "
+                "ids or outputs of trees of 2 leaves: the slots draft chains") in default_ub.log_text()
+        assert default_ub.request("GET", "/slots")[0]["draft"]["tree_budget"] == 0
         assert default.request("GET", "/slots")[0]["draft"]["tree_budget"] == 0
 
     many()
@@ -854,10 +860,18 @@ def test_trees_fall_back_to_chains_or_refuse_with_a_reason():
 
 # ---------------------------------------------------------------- the default: adaptive walk, trees
 
-def assert_default_budgets(server, n_slots, tree_budget=32):
+def identical_budget(n_slots):
+    """The default tree budget per slot on this CPU target (f16 cache, -ub 512): every
+    slot's tree and anchor within 63 verify rows, below ggml's tiled attention (T = 0
+    outputs identical to the server without a drafter)."""
+    return min(63, 63 // n_slots - 1)
+
+
+def assert_default_budgets(server, n_slots, tree_budget=None):
     """/slots shows the adaptive walk, the tree budget and the budgets each step got
     (drafting steps are the verify steps; the mean is per verify step); /metrics
     sums them. Returns the steps summed over the slots."""
+    tree_budget = identical_budget(n_slots) if tree_budget is None else tree_budget
     slots = server.request("GET", "/slots")[:n_slots]
     total = {"n_none": 0, "n_chain": 0, "n_tree": 0, "n_drafted": 0}
     for slot in slots:
@@ -903,8 +917,10 @@ def test_the_default_server_answers_equal_the_no_drafter_server():
             assert got == want, f"prompt {p!r}:\n  default:   {got!r}\n  reference: {want!r}"
         assert_default_budgets(default, 1)
         log = default.log_text()
-        assert "dflash2: adaptive walk, trees of up to 32 nodes per slot and step (default:" in log
-        assert "tree verification: up to 32 nodes" in log
+        assert "dflash2: adaptive walk, trees of up to 62 nodes per slot and step (default:" in log
+        assert "tree verification: up to 62 nodes" in log
+        assert ("trees of up to 62 nodes: 1 slots x (1 + 62) rows stay below ggml's tiled attention on this CPU "
+                "target") in log
         assert "one slot, unified KV cache" in log
         assert re.search(r"adaptive walk, steps with no draft \d+, a chain \d+, a tree \d+", log), "no summary"
 
@@ -949,8 +965,8 @@ def test_the_default_server_through_four_parallel_slots_answers_like_the_no_draf
     def run(ref, default):
         one_at_a_time_then_four_together(ref, default, n, CONCURRENT_NEAR_TIE, own_picks=True)
         assert_default_budgets(default, 4)
-        assert "tree verification: up to 32 nodes and 32 leaves per slot and step, 4 slots, n_seq_max 132" in \
-            default.log_text(), "4 slots x (32 leaves + 1) sequence ids"
+        assert "tree verification: up to 14 nodes and 14 leaves per slot and step, 4 slots, n_seq_max 60" in \
+            default.log_text(), "4 slots x (14 leaves + 1) sequence ids"
 
     run()
 

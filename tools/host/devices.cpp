@@ -141,6 +141,23 @@ void host_placement::apply(llama_model_params & mparams) {
     }
 }
 
+bool host_placement::cpu_only() const {
+    if (n_gpu_layers == 0 || (has_devices && devices.empty())) {
+        return true;
+    }
+    if (has_devices) {
+        return false;
+    }
+    // libllama's default: every GPU (an RPC server's device counts as one)
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        const enum ggml_backend_dev_type type = ggml_backend_dev_type(ggml_backend_dev_get(i));
+        if (type == GGML_BACKEND_DEVICE_TYPE_GPU || type == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+            return false;
+        }
+    }
+    return true;
+}
+
 std::string host_placement::describe() const {
     std::string out;
     if (!has_devices) {

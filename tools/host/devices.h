@@ -32,6 +32,8 @@ struct host_placement {
     // NULL-terminated devices, or NULL without has_devices (valid while this lives)
     ggml_backend_dev_t * list();
     std::string describe() const;
+    // no layer goes to an accelerator: the target runs on ggml's CPU backend
+    bool        cpu_only() const;
 
   private:
     std::vector<ggml_backend_dev_t> devices_nt;

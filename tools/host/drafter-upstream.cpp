@@ -18,7 +18,7 @@ struct drafter_upstream : host_drafter {
     explicit drafter_upstream(host_target & tgt) {
         const host_params & hp = tgt.params;
         params.model.path                   = hp.path_target;
-        params.n_ctx                        = hp.n_ctx;
+        params.n_ctx                        = hp.n_ctx > 0 ? hp.n_ctx : HOST_MIN_CTX;
         params.n_batch                      = hp.n_batch;
         params.n_ubatch                     = hp.n_batch;
         params.n_parallel                   = hp.n_seq;

@@ -33,9 +33,9 @@ struct host_params {
     std::string path_target;
     std::string path_draft;
 
-    int32_t n_ctx     = 4096;
+    int32_t n_ctx     = 0;   // target KV cells (--ctx-size; 0: host_fit_context, at least 4096)
     int32_t n_batch   = 512;
-    int32_t n_ubatch  = 0;   // rows per target decode step (-ub; 0: n_batch): llama_decode splits larger batches
+    int32_t n_ubatch  = 0;   // rows per target decode step (-ub; 0: host_target::n_ubatch()): llama_decode splits larger batches
     int32_t n_threads = 2;
     int32_t n_seq     = 1;   // sequences decoded in parallel
     int32_t n_max     = 7;   // most tokens per draft
@@ -74,6 +74,11 @@ struct host_params {
 };
 
 constexpr int HOST_MAX_DRAFT = 64;
+// the target's KV cells at least (host_fit_context)
+constexpr int32_t HOST_MIN_CTX = 4096;
+// the controller's tree budget per sequence and step when none is asked for, as
+// llama-server's (a tree and its anchor: 64 rows)
+constexpr int32_t HOST_DEFAULT_TREE_BUDGET = 63;
 
 // --draft-temp temp: the draft temperature is the target's (set explicitly, never the library's choice)
 constexpr float HOST_DRAFT_TEMP_TEMP = -2.0f;
@@ -177,6 +182,9 @@ struct host_target {
     // drafters attach to it, so each mode gets its own. n_seq_ids > 0: a unified
     // KV cache with that many sequence ids (tree verification)
     void reset_context(int32_t n_seq = 0, int32_t n_seq_ids = 0);
+    // the target's rows per ubatch: -ub, else LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH
+    // on a CPU target whose f16/f32 cache ggml's attention would tile, else n_batch
+    int32_t n_ubatch() const;
 
     std::string              chat_text(const std::string & user_message) const; // the chat template applied
     std::vector<llama_token> tokenize_chat(const std::string & user_message) const;
@@ -369,3 +377,11 @@ void host_init_backend();
 
 // every user message through the target's chat template
 std::vector<std::vector<llama_token>> host_tokenize_chats(const host_target & tgt, const std::vector<std::string> & msgs);
+
+// without --ctx-size: the target's cells for a run of np sequences at a time whose
+// steps verify up to rows_per_step rows each: the tree host parks every verified
+// cell until its wave of prompts ends (position order kept: target-only's
+// rounding), so a wave needs np x (prompt + n_predict x rows_per_step) cells at
+// most; at least 4096. Call before the contexts the run decodes in
+void host_fit_context(host_target & tgt, const std::vector<std::vector<llama_token>> & prompts, int32_t np,
+        int32_t rows_per_step);

@@ -83,15 +83,41 @@ host_target::~host_target() {
     }
 }
 
+void host_fit_context(host_target & tgt, const std::vector<std::vector<llama_token>> & prompts, int32_t np,
+        int32_t rows_per_step) {
+    if (tgt.params.n_ctx > 0) {
+        return;
+    }
+    size_t longest = 0;
+    for (const auto & p : prompts) {
+        longest = std::max(longest, p.size());
+    }
+    const int64_t cells = (int64_t) std::max(np, 1) * ((int64_t) longest + (int64_t) tgt.params.n_predict * rows_per_step);
+    tgt.params.n_ctx = (int32_t) std::min<int64_t>(std::max<int64_t>(HOST_MIN_CTX, (cells + 255) / 256 * 256), 1 << 20);
+}
+
+int32_t host_target::n_ubatch() const {
+    if (params.n_ubatch > 0) {
+        return params.n_ubatch;
+    }
+    // T = 0 identity: verify batches on the kernels of one-token decoding (see
+    // LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH); q8_0/q4_0 caches never tile
+    const auto tiles = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_F32; };
+    if (target_placement.cpu_only() && tiles(params.cache_type_k) && params.cache_type_k == params.cache_type_v) {
+        return (int32_t) LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH;
+    }
+    return params.n_batch;
+}
+
 void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     if (n_seq > 0) {
         params.n_seq = n_seq;
     }
     llama_free(ctx);
     llama_context_params cparams = llama_context_default_params();
-    cparams.n_ctx           = params.n_ctx;
+    cparams.n_ctx           = params.n_ctx > 0 ? params.n_ctx : HOST_MIN_CTX;
     cparams.n_batch         = params.n_batch;
-    cparams.n_ubatch        = params.n_ubatch > 0 ? std::min(params.n_ubatch, params.n_batch) : params.n_batch;
+    cparams.n_ubatch        = std::min(n_ubatch(), params.n_batch);
     cparams.n_seq_max       = n_seq_ids > 0 ? n_seq_ids : params.n_seq;
     cparams.n_threads       = params.n_threads;
     cparams.n_threads_batch = params.n_threads;
