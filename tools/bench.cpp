@@ -573,7 +573,13 @@ int main(int argc, char ** argv) {
         // the controller's largest tree (dflash2-auto): --auto-tree, else llama-server's default budget
         const int32_t n_auto = args.values.count("--auto-tree")
                 ? host_parse_int_list("--auto-tree", args.values["--auto-tree"])[0] : HOST_DEFAULT_TREE_BUDGET;
-        const tree_sizes sizes      = { n_tree, n_auto };
+        // the run's modes, and those of --lockstep; the controller's budget sizes the trees'
+        // context, its cells and the GPU-like floor only in a run that has it
+        const std::vector<std::string> lockstep = split(args.values.count("--lockstep") ? args.values["--lockstep"] : "");
+        const auto has_mode = [&](const char * m) {
+            return std::count(modes.begin(), modes.end(), m) + std::count(lockstep.begin(), lockstep.end(), m) > 0;
+        };
+        const tree_sizes sizes      = { n_tree, has_mode("dflash2-auto") ? n_auto : 0 };
         const int32_t    n_tree_ids = sizes.n_ids();
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
         for (auto [flag, field] : { std::pair<const char *, int32_t *>{ "--ngram-size-n", &args.params.ngram_size_n },
@@ -602,7 +608,6 @@ int main(int argc, char ** argv) {
         }
 
         // the tree modes park every verified cell until a wave of prompts ends
-        const std::vector<std::string> lockstep = split(args.values.count("--lockstep") ? args.values["--lockstep"] : "");
         const bool    any_tree = std::any_of(modes.begin(), modes.end(), is_tree) ||
                                  std::any_of(lockstep.begin(), lockstep.end(), is_tree);
         const int32_t np_max   = *std::max_element(args.np_list.begin(), args.np_list.end());
