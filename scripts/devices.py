@@ -191,8 +191,11 @@ LAYER_TAU = {}  # the same, of the target split by layer over two RPC nodes (rpc
 
 
 def library_rows(placement, rpc, nps, modes, n_predict, temp=0.0, n_prompts=4, pair=None):
+    # -ub 512 on every placement: the tools default to 63 on a CPU-only target (T = 0
+    # identity), which would round the CPU rows' prompts unlike the RPC rows' and
+    # part their sampled draws, whose tau is compared
     extra = ["--np", ",".join(map(str, nps)), "--modes", ",".join(["ar"] + modes), "--n-predict", str(n_predict),
-             "--tree", "7"]
+             "--tree", "7", "-ub", "512"]
     if temp > 0:
         extra += ["--temp", str(temp), "--seed", "7"]
     prompts = trimmed_prompts(n_prompts) if n_prompts < 4 else PROMPTS_FILE
