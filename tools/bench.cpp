@@ -601,7 +601,7 @@ int main(int argc, char ** argv) {
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
                 args.params.n_max, args.params.n_threads, reps);
         printf("target KV cache: K %s, V %s; %d rows per target ubatch\n", ggml_type_name(args.params.cache_type_k),
-                ggml_type_name(args.params.cache_type_v), std::min(tgt.n_ubatch(), args.params.n_batch));
+                ggml_type_name(args.params.cache_type_v), tgt.n_ubatch());
         if (tgt.sampled()) {
             printf("sampled: temp %.2f (chain: temp, dist), seed %d; upstream: greedy drafts, sample-and-match; "
                    "dflash2: sampled drafts, lossless rejection sampling\n", args.params.temp, args.params.seed);

@@ -183,7 +183,7 @@ struct host_target {
     // KV cache with that many sequence ids (tree verification)
     void reset_context(int32_t n_seq = 0, int32_t n_seq_ids = 0);
     // the target's rows per ubatch: -ub, else LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH
-    // on a CPU target whose f16/f32 cache ggml's attention would tile, else n_batch
+    // on a CPU target whose f16/f32 cache ggml's attention would tile, else n_batch; at most n_batch
     int32_t n_ubatch() const;
 
     std::string              chat_text(const std::string & user_message) const; // the chat template applied

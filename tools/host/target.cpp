@@ -98,13 +98,13 @@ void host_fit_context(host_target & tgt, const std::vector<std::vector<llama_tok
 
 int32_t host_target::n_ubatch() const {
     if (params.n_ubatch > 0) {
-        return params.n_ubatch;
+        return std::min(params.n_ubatch, params.n_batch);
     }
     // T = 0 identity: verify batches on the kernels of one-token decoding (see
     // LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH); q8_0/q4_0 caches never tile
     const auto tiles = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_F32; };
     if (target_placement.cpu_only() && tiles(params.cache_type_k) && params.cache_type_k == params.cache_type_v) {
-        return (int32_t) LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH;
+        return std::min((int32_t) LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH, params.n_batch);
     }
     return params.n_batch;
 }
@@ -117,7 +117,7 @@ void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx           = params.n_ctx > 0 ? params.n_ctx : HOST_MIN_CTX;
     cparams.n_batch         = params.n_batch;
-    cparams.n_ubatch        = std::min(n_ubatch(), params.n_batch);
+    cparams.n_ubatch        = n_ubatch();
     cparams.n_seq_max       = n_seq_ids > 0 ? n_seq_ids : params.n_seq;
     cparams.n_threads       = params.n_threads;
     cparams.n_threads_batch = params.n_threads;
