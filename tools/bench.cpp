@@ -269,6 +269,11 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                     printf(" [%s] %.0f%%", shapes[k].second.c_str(), 100.0 * shapes[k].first / s.n_seq_steps);
                 }
                 printf("\n");
+                if (s.n_one_pass_rows > 0) {
+                    printf("    %-8s %lld one-row verify decodes over 512+ cells got a second, parked row (ggml's CPU"
+                           " attention would split their cells, target-only's not)\n",
+                            r->mode.c_str(), (long long) s.n_one_pass_rows);
+                }
                 if (s.n_unparked > 0) {
                     printf("    %-8s the KV cache filled %lld times with parked cells, freed then (cells of a sequence may"
                            " leave position order: outputs may leave target-only's; --ctx-size keeps them)\n",
@@ -334,7 +339,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
                 out << (first ? "" : ", ") << json_str(shape) << ": " << n;
                 first = false;
             }
-            out << "}";
+            out << "}, \"one_pass_rows\": " << s.n_one_pass_rows << ", \"unparked\": " << s.n_unparked;
         }
         out << ", \"time_ms\": {\"target_verify\": " << s.t_target_us / 1e3 << ", \"drafter_process\": "
             << s.t_process_us / 1e3 << ", \"drafter_draft\": " << s.t_draft_us / 1e3 << ", \"drafter_accept\": "

@@ -79,6 +79,7 @@ const char * host_args_usage() {
            "  --image FILE --mmproj FILE    an image before the first prompt's text, and the target's projector\n"
            "generation\n"
            "  --n-predict N  tokens per prompt (128)     --n-max N  most tokens per draft (7)\n"
+           "  --n-min N      drafts (greedy trees: their depth) shorter than N are dropped (0; llama.cpp's --draft-min)\n"
            "  --np N[,N..]   sequences in parallel (1)   --threads N (2)   --ctx-size N (what a run's trees park)\n"
            "  -ub N          rows per target decode step: llama_decode splits larger batches (default 63 on a CPU\n"
            "                 target with an f16/f32 cache: T = 0 identity, docs/bench.md; else -b)\n"
@@ -117,6 +118,8 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.path_draft = value();
         } else if (flag == "--n-max") {
             a.params.n_max = to_int(flag, value(), 1);
+        } else if (flag == "--n-min") {
+            a.params.n_min = to_int(flag, value(), 0);
         } else if (flag == "--n-predict") {
             a.params.n_predict = to_int(flag, value(), 1);
         } else if (flag == "--np") {

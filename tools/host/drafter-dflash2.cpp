@@ -10,6 +10,7 @@ dflash2::params host_engine_params(host_target & tgt, int32_t walk, int32_t draf
     params.n_gpu_layers    = hp.draft_ngl;
     params.n_seq           = (uint32_t) hp.n_seq;
     params.n_max           = hp.n_max;
+    params.n_min           = hp.n_min;
     params.n_threads       = hp.n_threads;
     params.n_threads_batch = hp.n_threads;
     params.walk            = walk;

@@ -21,7 +21,7 @@ struct drafter_ngram : host_drafter {
         const host_params & hp = tgt.params;
         params.speculative.types       = { type };
         params.speculative.draft.n_max = hp.n_max;
-        params.speculative.draft.n_min = 0;
+        params.speculative.draft.n_min = hp.n_min;
         params.speculative.draft.ctx_tgt = tgt.ctx;
         for (auto * m : { &params.speculative.ngram_simple, &params.speculative.ngram_map_k, &params.speculative.ngram_map_k4v }) {
             if (hp.ngram_size_n > 0) {

@@ -29,7 +29,7 @@ struct drafter_upstream : host_drafter {
         params.speculative.types            = { COMMON_SPECULATIVE_TYPE_DRAFT_DFLASH };
         params.speculative.draft.mparams.path = hp.path_draft;
         params.speculative.draft.n_max      = hp.n_max;
-        params.speculative.draft.n_min      = 0;
+        params.speculative.draft.n_min      = hp.n_min;
         params.speculative.draft.p_min      = 0.0f;
         // placement as llama-server's -dev / -ngl / -sm / -devd / -ngld give it
         auto with_null = [](std::vector<ggml_backend_dev_t> d) { d.push_back(nullptr); return d; };

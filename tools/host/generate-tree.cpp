@@ -17,6 +17,12 @@
 // verify batch is also tagged with the stream's park id, which no query uses:
 // no cell is freed until the wave ends, at the price of 1 + n_nodes cells per
 // step instead of 1 + accepted (see host_tree_seq_ids for the ids).
+// The parked cells still count where a batch has one row (a step whose trees
+// are empty, one stream left): ggml's CPU attention then splits the cells
+// across its threads once there are 512 or more, and sums the parts, which
+// rounds by where each cell lies; target-only, whose sequence alone holds
+// fewer cells, sums them in one pass. Such a batch gets a second row, parked
+// at once and never read, that keeps it on the one-pass kernel.
 #include "dflash2-batch-rows.h"
 #include "dflash2.hpp"
 #include "host.h"
@@ -25,6 +31,16 @@
 #include <algorithm>
 
 namespace {
+
+// llama pads the cells a batch attends to to a multiple of KV_PAD; ggml's CPU
+// flash attention splits a one-row batch's cells across its threads from
+// SPLIT_KV_CELLS on (f16/f32 caches)
+constexpr int64_t KV_PAD         = 256;
+constexpr int64_t SPLIT_KV_CELLS = 512;
+
+int64_t cells_attended(int64_t cells_used) {
+    return std::max(KV_PAD, (cells_used + KV_PAD - 1) / KV_PAD * KV_PAD);
+}
 
 // the sequence ids of stream k: path ids (pool[0] is k itself) and its park id
 struct tree_ids {
@@ -132,6 +148,9 @@ struct tree_wave : host_wave_runner {
     std::vector<llama_token>                     emitted;
     std::vector<int32_t>                         path;
 
+    // cells the wave's decodes took (none is freed until it ends); -1 once the parked ones were
+    int64_t cells = 0;
+
     tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
             std::vector<host_stream> & streams, host_stats & stats)
         : host_wave_runner(stats), tgt(tgt), engine(engine), n_nodes(n_nodes), n_leaves(n_leaves), streams(streams),
@@ -142,6 +161,7 @@ struct tree_wave : host_wave_runner {
         host_prefill(tgt, &prefill, streams, stats);
         engine.reset_stats();
         for (auto & s : streams) {
+            cells += s.n_past;
             host_emit(tgt, s, { s.id_last });
         }
     }
@@ -149,6 +169,33 @@ struct tree_wave : host_wave_runner {
     void finish() override { host_add_engine_stats(stats, engine); }
 
   private:
+    // a one-row batch whose cells ggml would split (the parked ones among them) where
+    // target-only's would not: a second row keeps it on the one-pass kernel. Its cell takes the
+    // stream's first extra path id, empty between steps (a batch's rows of a sequence that holds
+    // cells must follow its last position; the park id's do not), and is parked after the decode
+    // (park_one_pass). Returns the stream's sequence, or -1 for none.
+    llama_seq_id keep_one_pass(const std::vector<size_t> & active, int32_t np) {
+        if (batch.size() != 1 || cells < 0 || n_leaves < 2 || !tgt.cpu_attention_by_rows()) {
+            return -1;
+        }
+        const host_stream & s = streams[active[0]];
+        if (cells_attended(cells + 1) < SPLIT_KV_CELLS || cells_attended(s.n_past + 1) >= SPLIT_KV_CELLS) {
+            return -1;
+        }
+        batch.add(s.id_last, s.n_past, std::vector<llama_seq_id>{ ids_of(s.seq, np, n_leaves).pool[1] }, false);
+        stats.n_one_pass_rows += 1;
+        return s.seq;
+    }
+
+    void park_one_pass(llama_seq_id seq, int32_t np) {
+        if (seq < 0) {
+            return;
+        }
+        const tree_ids ids = ids_of(seq, np, n_leaves);
+        llama_memory_seq_cp(mem, ids.pool[1], ids.park, -1, -1);
+        llama_memory_seq_rm(mem, ids.pool[1], -1, -1);
+    }
+
     // one tree draft + verify step of every active stream
     bool step_once() override {
         const int32_t np = (int32_t) streams.size();
@@ -207,6 +254,7 @@ struct tree_wave : host_wave_runner {
                 rows.push_back({ st.rows[r], s.seq, r == 0 ? s.n_past : s.n_past + st.nodes[r - 1].depth, false });
             }
         }
+        const llama_seq_id one_pass = keep_one_pass(active, np);
         t = host_time_us();
         if (!tgt.try_decode(batch)) {
             // the parked cells of earlier steps filled the cache: they only keep each sequence's
@@ -215,8 +263,13 @@ struct tree_wave : host_wave_runner {
                 llama_memory_seq_rm(mem, ids_of(k, np, n_leaves).park, -1, -1);
             }
             stats.n_unparked += 1;
+            cells = -1;
             tgt.decode(batch);
         }
+        if (cells >= 0) {
+            cells += batch.size();
+        }
+        park_one_pass(one_pass, np);
         stats.t_target_us += host_time_us() - t;
         t = host_time_us();
         engine.process(rows);

@@ -39,6 +39,7 @@ struct host_params {
     int32_t n_threads = 2;
     int32_t n_seq     = 1;   // sequences decoded in parallel
     int32_t n_max     = 7;   // most tokens per draft
+    int32_t n_min     = 0;   // shorter drafts (greedy trees: shallower) are dropped
     int32_t n_predict = 128; // tokens generated per sequence (fewer when it ends)
 
     std::string path_mmproj; // multimodal projector (--mmproj), for --image
@@ -106,6 +107,9 @@ struct host_stats {
     std::map<std::string, int64_t> shapes;
     // tree modes: verify decodes that found the cache full of parked cells (freed, decoded again)
     int64_t n_unparked = 0;
+    // tree modes: one-row verify decodes given a second, parked row to stay on the one-pass
+    // attention kernel of target-only decoding (generate-tree.cpp)
+    int64_t n_one_pass_rows = 0;
 
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
@@ -185,6 +189,9 @@ struct host_target {
     // the target's rows per ubatch: -ub, else LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH
     // on a CPU target whose f16/f32 cache ggml's attention would tile, else n_batch; at most n_batch
     int32_t n_ubatch() const;
+    // a CPU target with an f16/f32 cache: ggml's flash attention picks its kernel by a batch's rows
+    // (query rows tiled from 64 on; one row's cells split across the threads from 512 cells on)
+    bool cpu_attention_by_rows() const;
 
     std::string              chat_text(const std::string & user_message) const; // the chat template applied
     std::vector<llama_token> tokenize_chat(const std::string & user_message) const;

@@ -101,12 +101,17 @@ int32_t host_target::n_ubatch() const {
         return std::min(params.n_ubatch, params.n_batch);
     }
     // T = 0 identity: verify batches on the kernels of one-token decoding (see
-    // LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH); q8_0/q4_0 caches never tile
-    const auto tiles = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_F32; };
-    if (target_placement.cpu_only() && tiles(params.cache_type_k) && params.cache_type_k == params.cache_type_v) {
+    // LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH)
+    if (cpu_attention_by_rows()) {
         return std::min((int32_t) LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH, params.n_batch);
     }
     return params.n_batch;
+}
+
+bool host_target::cpu_attention_by_rows() const {
+    // q8_0/q4_0 caches take neither the tiled nor the split kernel
+    const auto f16_or_f32 = [](ggml_type t) { return t == GGML_TYPE_F16 || t == GGML_TYPE_F32; };
+    return target_placement.cpu_only() && f16_or_f32(params.cache_type_k) && params.cache_type_k == params.cache_type_v;
 }
 
 void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
