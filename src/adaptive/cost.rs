@@ -8,6 +8,10 @@ use super::{ARM_MIN_STEPS, SPIKE};
 /// slope (one slowed-down decode spoils two).
 const SLOPE_MIN: u32 = 5;
 
+/// Slopes before the dearest of them is known (`dearest_slope`): of three,
+/// one slowed-down decode spoils two, and the third is clean.
+const DEAR_SLOPES_MIN: usize = 3;
+
 /// A time against a row count as a + b * rows. The level is a running mean;
 /// the slope b is the median of the last slopes between neighbouring runs of
 /// observations of one row count (each run's running mean; the run going on
@@ -35,6 +39,8 @@ pub struct CostModel {
     /// were seen; kept while every observation has the same row
     /// count (drafting off: the cost of a row does not fade).
     pub(super) slope: Option<f64>,
+    /// The dearest slope seen (with the run going on's) once DEAR_SLOPES_MIN were.
+    dearest: Option<f64>,
 }
 
 /// Slopes between runs that the slope's median spans.
@@ -89,6 +95,9 @@ impl CostModel {
         if len >= SLOPE_MIN as usize {
             self.slope = Some(median(&sorted[..len]).max(0.0));
         }
+        if len >= DEAR_SLOPES_MIN {
+            self.dearest = Some(sorted[len - 1].max(0.0));
+        }
         self.count += 1.0;
         self.n.add(rows as f64);
         self.t.add(seconds);
@@ -112,6 +121,15 @@ impl CostModel {
         self.slope
     }
 
+    /// The dearest of the slopes seen, once DEAR_SLOPES_MIN were: a slowed-
+    /// down decode raises both its slopes when it verified more rows than its
+    /// neighbours and lowers them when it verified fewer, so among three
+    /// slopes the dearest is at least a clean one (a row is not taken for
+    /// cheaper than it is).
+    pub fn dearest_slope(&self) -> Option<f64> {
+        self.dearest
+    }
+
     pub fn seen(&self) -> bool {
         self.t.seen
     }
@@ -125,8 +143,13 @@ impl CostModel {
     /// proportional to the rows seen (dearer than the fit for larger batches:
     /// a batch of more rows is not assumed cheaper per row before it is seen).
     pub fn predict(&self, rows: usize) -> f64 {
+        self.predict_by(rows, self.slope)
+    }
+
+    /// `predict` with another slope (None: proportional to the rows seen).
+    pub fn predict_by(&self, rows: usize, slope: Option<f64>) -> f64 {
         let rows = rows as f64;
-        match self.slope {
+        match slope {
             Some(b) => (self.t.value + b * (rows - self.n.value)).max(0.0),
             None if self.n.value > 0.0 => self.t.value * rows / self.n.value,
             None => 0.0,

@@ -63,6 +63,10 @@ const WATCH_SHARE: f64 = 0.25;
 /// Drafting steps that wait for a verify row's cost to be measured.
 const UNPRICED_MAX: usize = 16;
 
+/// A probe's draft decode costs at most this share of a plain step where the
+/// dearest of the first verify slopes prices a row (`verify_per_row`).
+const CHEAP_DRAFT_SHARE: f64 = 0.2;
+
 /// `DFLASH2_TRACE_POLICY` set: every step's plan and the measurements it was
 /// decided on go to stderr (a debugging aid; read once per process).
 fn trace_policy() -> bool {
@@ -287,16 +291,33 @@ impl AdaptivePolicy {
         self.step_tokens += n_accepted;
     }
 
-    /// The price of one verified row in tokens: rho * b. Until b is measured
-    /// a row costs what the verify decodes seen cost per row: free rows would
-    /// keep every drafted token, every step would verify as many rows, and
-    /// rows that never vary never show what one costs (four sequences of a
-    /// small target on a CPU drafting at half the speed of not drafting).
+    /// Seconds per verify row: the median of the slopes once there are five
+    /// (`CostModel::per_row`). Before that, where a draft decode is cheap
+    /// against a plain step (a big target on a GPU: drafting that does not
+    /// pay loses little in the few steps the drafting arm takes to show it),
+    /// the dearest of the first three slopes: drafting then starts two steps
+    /// sooner. Where it is dear (a small target on a CPU) those steps are
+    /// worth the wait.
+    fn verify_per_row(&self) -> Option<f64> {
+        self.verify_cost.per_row().or_else(|| {
+            let cheap = self.draft_cost.seen()
+                && self.plain.seconds.seen
+                && self.draft_cost.mean() <= CHEAP_DRAFT_SHARE * self.plain.seconds.value;
+            if cheap { self.verify_cost.dearest_slope() } else { None }
+        })
+    }
+
+    /// The price of one verified row in tokens: rho * b (`verify_per_row`).
+    /// Until b is measured a row costs what the verify decodes seen cost per
+    /// row: free rows would keep every drafted token, every step would verify
+    /// as many rows, and rows that never vary never show what one costs (four
+    /// sequences of a small target on a CPU drafting at half the speed of not
+    /// drafting).
     fn row_price(&self) -> f64 {
         if !self.rate.seen {
             return 0.0;
         }
-        match self.verify_cost.per_row() {
+        match self.verify_per_row() {
             Some(b) => self.rate.value * b,
             None if self.verify_cost.n.value > 0.0 => {
                 self.rate.value * self.verify_cost.mean() / self.verify_cost.n.value
@@ -449,8 +470,10 @@ impl AdaptivePolicy {
             let plain_rows = rows.saturating_sub(parts.drafted).max(1);
             // before a row's cost is measured (a step that could not wait for
             // it, see DraftingStep) a drafted row costs what the others do
-            let (all, plain) = match self.verify_cost.per_row() {
-                Some(_) => (self.verify_cost.predict(rows), self.verify_cost.predict(plain_rows)),
+            let (all, plain) = match self.verify_per_row() {
+                Some(b) => {
+                    (self.verify_cost.predict_by(rows, Some(b)), self.verify_cost.predict_by(plain_rows, Some(b)))
+                }
                 None => (rows as f64, plain_rows as f64),
             };
             let scale = if all > 0.0 { (plain / all).min(1.0) } else { 1.0 };
@@ -730,6 +753,35 @@ mod tests {
     }
 
     #[test]
+    fn where_drafts_are_cheap_drafting_starts_after_two_probes() {
+        // the yardstick's plain steps, a probe, a plain step, a probe: three
+        // slopes of the verify cost, the dearest of them nearly free
+        for n_seqs in [1, 2, 4] {
+            let w = gpu(n_seqs, 0.7);
+            let mut p = AdaptivePolicy::new(7);
+            let run = w.run(&mut p, ARM_MIN_STEPS as usize + 3);
+            assert_eq!((run.plain, run.probes, run.all), (ARM_MIN_STEPS as usize + 1, 2, 0), "np {n_seqs}: {run:?}");
+            assert_eq!(w.run(&mut p, 1).all, 1, "np {n_seqs}");
+        }
+        // three slopes, rows at 5 ms: their dearest prices a row only where a
+        // draft decode is cheap against a plain step (10 ms)
+        let with_draft = |draft_seconds: f64| {
+            let mut p = AdaptivePolicy::new(7);
+            for _ in 0..ARM_MIN_STEPS {
+                p.plain.add(1.0, 0.010);
+            }
+            for (rows, seconds) in [(1, 0.010), (1, 0.010), (2, 0.015), (1, 0.010), (3, 0.020)] {
+                p.verify_cost.observe(rows, seconds);
+            }
+            p.draft_cost.observe(3, draft_seconds);
+            assert!(p.verify_cost.per_row().is_none());
+            p.verify_per_row()
+        };
+        assert!(with_draft(0.001).is_some_and(|b| (b - 0.005).abs() < 1e-9));
+        assert_eq!(with_draft(0.008), None, "a small target on a CPU waits for five");
+    }
+
+    #[test]
     fn where_drafting_pays_noisy_timing_does_not_turn_it_off() {
         // a loaded machine: one decode in ten takes three times longer (ggml's
         // spinning threads descheduled), and after the plain yardstick steps
@@ -760,8 +812,8 @@ mod tests {
         }
         assert!(never.is_empty(), "{never:#?}");
         assert!(late.len() <= 6, "{late:#?}");
-        // the first ~15 steps learn: plain steps, then probes until a verify
-        // row's cost is measured (ten slopes)
+        // the first steps learn: plain steps, then probes until a verify
+        // row's cost is priced (three slopes; more where spikes spoil them)
         assert!(all * 100 >= steps * 88, "drafted for all in {all} of {steps} steps");
     }
 
