@@ -266,11 +266,11 @@ struct tree_wave : host_wave_runner {
             cells = -1;
             tgt.decode(batch);
         }
+        stats.t_target_us += host_time_us() - t;
         if (cells >= 0) {
             cells += batch.size();
         }
         park_one_pass(one_pass, np);
-        stats.t_target_us += host_time_us() - t;
         t = host_time_us();
         engine.process(rows);
         stats.t_process_us += host_time_us() - t;
