@@ -127,7 +127,10 @@ pub struct llama_spec_dflash2_params {
     /// answer) join each tree draft as extra branches, verified in the same
     /// batch and priced by their measured acceptance (in a sampled tree as
     /// children taken without a draw). -1 (default) = 2; 0 = none; at most
-    /// LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. The engine learns the prompt's
+    /// LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES. Where no occurrence matches
+    /// more than the anchor (new text: an edit such as a fixed typo), up to
+    /// 3 more (not 0) resume after an earlier occurrence of the text before
+    /// the anchor, past 0, 1 or 2 of its tokens. The engine learns the prompt's
     /// text from llama_spec_dflash2_process_tokens or process_batch (the
     /// generated text from its own drafts); chains have none.
     pub ngram_branches: i32,

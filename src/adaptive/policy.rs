@@ -287,8 +287,15 @@ impl AdaptivePolicy {
     /// A draft with these lattice confidences was verified and its first
     /// `n_accepted` tokens kept.
     pub fn accepted(&mut self, confidences: &[f32], n_accepted: usize) {
-        self.acceptance.observe(confidences, n_accepted);
-        self.step_tokens += n_accepted;
+        self.accepted_path(confidences, n_accepted, n_accepted);
+    }
+
+    /// A tree was verified: of these lattice confidences along its accepted
+    /// path (`Tree::path_confidences`) the first `n_lattice` were accepted,
+    /// and `n_tokens` tokens kept in all (n-gram branch nodes included).
+    pub fn accepted_path(&mut self, confidences: &[f32], n_lattice: usize, n_tokens: usize) {
+        self.acceptance.observe(confidences, n_lattice);
+        self.step_tokens += n_tokens;
     }
 
     /// Seconds per verify row: the median of the slopes once there are five

@@ -314,7 +314,8 @@ impl Engine {
         let rows: Vec<usize> =
             if n_rows == 0 { Vec::new() } else { std::iter::once(0).chain(path.iter().map(|&i| i + 1)).collect() };
         if let Some(policy) = self.policy.as_mut() {
-            policy.accepted(&tree.path_confidences(&path), path.len());
+            let (confidences, n_lattice) = tree.path_confidences(&path);
+            policy.accepted_path(&confidences, n_lattice, path.len());
         }
         let n_verified = q.held.len().saturating_sub(1);
         if o.sampled_tree.is_none() {

@@ -1,11 +1,14 @@
 //! What the target accepted of n-gram branches: P(a branch's token at depth d
-//! is accepted | its parent was), per match length and depth, measured on
-//! every branch node the target reached. Each estimate is its cell's rate
-//! shrunk towards the rate of its match length over all depths, itself shrunk
-//! towards a prior that grows with the match length (a suffix of one token
-//! recurs by chance, one of eight hardly ever).
+//! is accepted | its parent was), per class (the match length, apart for
+//! branches after an edit: `Branch::class`) and depth, measured on every
+//! branch node the target reached. A branch's first token is its cell's rate
+//! shrunk towards a prior that grows with the match length (a suffix of one
+//! token recurs by chance, one of eight hardly ever). A later token is
+//! another question, whether a copy that held goes on: its cell's rate is
+//! shrunk towards its class's later tokens, those towards every class's,
+//! and those towards [`CONTINUATION_PRIOR`].
 
-use super::propose::MAX_MATCH;
+use super::propose::{MAX_MATCH, N_CLASSES};
 use crate::tree::Tree;
 
 /// Depths with a cell of their own; deeper ones share the last.
@@ -14,41 +17,52 @@ const MAX_DEPTH: usize = 16;
 /// Pseudo-observations of each prior.
 const PRIOR_WEIGHT: f64 = 4.0;
 
+/// P(a branch token past the first is accepted | its parent was) before any
+/// measurement.
+const CONTINUATION_PRIOR: f64 = 0.6;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct NgramAcceptance {
-    /// (reached, accepted) per match length (index len - 1) and depth (d - 1).
+    /// (reached, accepted) per class (index class - 1) and depth (d - 1).
     counts: Vec<[(f64, f64); MAX_DEPTH]>,
 }
 
 impl Default for NgramAcceptance {
     fn default() -> Self {
-        NgramAcceptance { counts: vec![[(0.0, 0.0); MAX_DEPTH]; MAX_MATCH] }
+        NgramAcceptance { counts: vec![[(0.0, 0.0); MAX_DEPTH]; N_CLASSES] }
     }
 }
 
-/// Before any measurement: 0.15 per matched token, at most 0.75.
-fn prior(match_len: usize) -> f64 {
-    (0.15 * match_len as f64).min(0.75)
+/// Before any measurement: 0.15 per matched token, at most 0.75; after an
+/// edit (the anchor unmatched) a third of that.
+fn prior(class: usize) -> f64 {
+    let per_token = if class > MAX_MATCH { 0.05 } else { 0.15 };
+    (per_token * ((class - 1) % MAX_MATCH + 1) as f64).min(0.75)
 }
 
 impl NgramAcceptance {
-    fn cell(match_len: usize, depth: usize) -> (usize, usize) {
-        (match_len.clamp(1, MAX_MATCH) - 1, depth.clamp(1, MAX_DEPTH) - 1)
+    fn cell(class: usize, depth: usize) -> (usize, usize) {
+        (class.clamp(1, N_CLASSES) - 1, depth.clamp(1, MAX_DEPTH) - 1)
     }
 
     /// P(accepted | parent accepted) of a branch token at `depth` whose branch
-    /// matched `match_len` tokens.
-    pub fn p(&self, match_len: usize, depth: usize) -> f64 {
-        let (m, d) = Self::cell(match_len, depth);
-        let row = &self.counts[m];
-        let (n, a) = row.iter().fold((0.0, 0.0), |(n, a), c| (n + c.0, a + c.1));
-        let pooled = (a + PRIOR_WEIGHT * prior(match_len)) / (n + PRIOR_WEIGHT);
-        (row[d].1 + PRIOR_WEIGHT * pooled) / (row[d].0 + PRIOR_WEIGHT)
+    /// is of class `class` (`Branch::class`).
+    pub fn p(&self, class: usize, depth: usize) -> f64 {
+        let (m, d) = Self::cell(class, depth);
+        let shrunk = |(n, a): (f64, f64), towards: f64| (a + PRIOR_WEIGHT * towards) / (n + PRIOR_WEIGHT);
+        let base = if d == 0 {
+            prior(m + 1)
+        } else {
+            let later = |row: &[(f64, f64); MAX_DEPTH]| row[1..].iter().fold((0.0, 0.0), |s, c| (s.0 + c.0, s.1 + c.1));
+            let every = self.counts.iter().map(later).fold((0.0, 0.0), |s, c| (s.0 + c.0, s.1 + c.1));
+            shrunk(later(&self.counts[m]), shrunk(every, CONTINUATION_PRIOR))
+        };
+        shrunk(self.counts[m][d], base)
     }
 
-    /// One branch token the target reached: accepted or not.
-    pub fn observe(&mut self, match_len: usize, depth: usize, accepted: bool) {
-        let (m, d) = Self::cell(match_len, depth);
+    /// One branch token of class `class` the target reached: accepted or not.
+    pub fn observe(&mut self, class: usize, depth: usize, accepted: bool) {
+        let (m, d) = Self::cell(class, depth);
         let c = &mut self.counts[m][d];
         c.0 += 1.0;
         c.1 += accepted as u8 as f64;
@@ -82,8 +96,13 @@ mod tests {
     fn before_measurements_longer_matches_are_trusted_more() {
         let m = NgramAcceptance::default();
         assert!((m.p(1, 1) - 0.15).abs() < 1e-12);
-        assert!(m.p(2, 3) < m.p(4, 3));
-        assert!((m.p(MAX_MATCH + 5, 40) - 0.75).abs() < 1e-12);
+        assert!(m.p(2, 1) < m.p(4, 1));
+        assert!((m.p(MAX_MATCH, 1) - 0.75).abs() < 1e-12);
+        // past the first token, the trust that a copy goes on
+        assert!((m.p(2, 3) - CONTINUATION_PRIOR).abs() < 1e-12);
+        // after an edit, a third of the trust of the same match length
+        assert!((m.p(MAX_MATCH + 2, 1) - 0.1).abs() < 1e-12);
+        assert!((m.p(N_CLASSES + 5, 1) - 0.4).abs() < 1e-12);
     }
 
     #[test]
@@ -93,9 +112,17 @@ mod tests {
             m.observe(1, 1, i % 10 < 9);
         }
         assert!((m.p(1, 1) - 0.9).abs() < 0.02, "{}", m.p(1, 1));
-        // an unmeasured depth of the same match length leans on its pooled rate
-        assert!(m.p(1, 5) > 0.8, "{}", m.p(1, 5));
-        // another match length is untouched
+        // first tokens say nothing of later ones, nor of another class
+        assert!((m.p(1, 5) - CONTINUATION_PRIOR).abs() < 1e-12);
         assert!((m.p(3, 1) - 0.45).abs() < 1e-12);
+        // later tokens of one class inform an unmeasured depth of it most,
+        // then the later tokens of every class
+        for i in 0..200 {
+            m.observe(2, 2 + i % 3, i % 10 < 2);
+        }
+        assert!((m.p(2, 3) - 0.2).abs() < 0.02, "{}", m.p(2, 3));
+        assert!((m.p(2, 9) - 0.2).abs() < 0.02, "{}", m.p(2, 9));
+        assert!(m.p(MAX_MATCH + 4, 2) < 0.3, "{}", m.p(MAX_MATCH + 4, 2));
+        assert!(m.p(MAX_MATCH + 4, 2) > 0.2);
     }
 }

@@ -11,7 +11,7 @@ use super::{NOT_IN_LATTICE, Node, Tree, TreeLimits, slot};
 use crate::ngram::Branch;
 
 /// `tree` (grown best-first by `lattice_p`) with `branches` merged in, cut to
-/// `limits`. `lattice_p(node)` and `branch_p(match_len, depth)` estimate
+/// `limits`. `lattice_p(node)` and `branch_p(class, depth)` estimate
 /// P(accepted | parent accepted) of a lattice node and of a branch token.
 /// Nodes come in best-first order, so that their first k still form a tree
 /// (the controller's cut, `AdaptivePolicy::keep_tree`).
@@ -25,19 +25,23 @@ pub fn merge_branches(
     let mut nodes: Vec<Node> = tree.nodes().to_vec();
     let mut key: Vec<f64> = nodes.iter().map(&lattice_p).collect();
     for b in branches {
-        let match_len = b.match_len.min(u8::MAX as usize);
+        let class = b.class().min(u8::MAX as usize);
         let mut parent: Option<usize> = None;
         for (s, &token) in b.tokens.iter().enumerate() {
             let depth = s + 1;
             if depth > limits.max_depth {
                 break;
             }
-            let p_branch = branch_p(match_len, depth);
+            let p_branch = branch_p(class, depth);
             let p_parent = parent.map_or(-1, |p| p as i32);
             let at = nodes.iter().position(|n| n.parent == p_parent && n.token == token);
             let i = match at {
                 Some(i) => {
-                    nodes[i].ngram = nodes[i].ngram.max(match_len as u8);
+                    // the node is measured in the class that trusts it most
+                    let marked = nodes[i].ngram as usize;
+                    if marked == 0 || branch_p(marked, depth) < p_branch {
+                        nodes[i].ngram = class as u8;
+                    }
                     key[i] = key[i].max(p_branch);
                     i
                 }
@@ -49,7 +53,7 @@ pub fn merge_branches(
                         prob: p_branch as f32,
                         path_prob: 0.0,
                         candidate: NOT_IN_LATTICE,
-                        ngram: match_len as u8,
+                        ngram: class as u8,
                     });
                     key.push(p_branch);
                     nodes.len() - 1
@@ -126,7 +130,7 @@ mod tests {
     #[test]
     fn a_branch_marks_the_nodes_it_shares_and_adds_the_rest() {
         let t = lattice();
-        let b = Branch { tokens: vec![10, 12, 13], match_len: 4 };
+        let b = Branch { tokens: vec![10, 12, 13], match_len: 4, after_edit: false };
         let m = merge_branches(&t, &[b], TreeLimits::tree(6, 7), raw, |_, _| 0.9);
         let tokens: Vec<i32> = m.nodes().iter().map(|n| n.token).collect();
         // 10 (0.9), 12 (0.81), 13 (0.729), 11 (0.63), 20 (0.1)
@@ -142,9 +146,43 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_node_is_measured_in_the_class_that_trusts_it_most() {
+        let exact = Branch { tokens: vec![10, 12], match_len: 1, after_edit: false };
+        let edit = Branch { tokens: vec![10, 12, 14], match_len: 4, after_edit: true };
+        let (c_exact, c_edit) = (exact.class(), edit.class());
+        let p = |class: usize, _: usize| if class == c_edit { 0.3 } else { 0.15 };
+        for branches in [[exact.clone(), edit.clone()], [edit.clone(), exact.clone()]] {
+            let m = merge_branches(&lattice(), &branches, TreeLimits::tree(6, 7), raw, p);
+            let class_of = |token: i32| m.nodes().iter().find(|n| n.token == token).unwrap().ngram as usize;
+            assert_eq!((class_of(10), class_of(12), class_of(14)), (c_edit, c_edit, c_edit));
+        }
+        // the other way round, the exact branch's class
+        let p = |class: usize, _: usize| if class == c_exact { 0.3 } else { 0.15 };
+        let m = merge_branches(&lattice(), &[edit, exact], TreeLimits::tree(6, 7), raw, p);
+        assert_eq!(m.nodes().iter().find(|n| n.token == 12).unwrap().ngram as usize, c_exact);
+    }
+
+    #[test]
+    fn a_path_through_a_branch_tells_the_controller_the_lattice_failed_there() {
+        let b = [
+            Branch { tokens: vec![10, 12, 13], match_len: 4, after_edit: false },
+            Branch { tokens: vec![30, 31], match_len: 4, after_edit: true },
+        ];
+        let m = merge_branches(&lattice(), &b, TreeLimits::tree(8, 7), raw, |_, _| 0.9);
+        let at = |token: i32| m.nodes().iter().position(|n| n.token == token).unwrap();
+        let (n10, n12, n13, n30, n31) = (at(10), at(12), at(13), at(30), at(31));
+        // 10 is the lattice's (marked), 12 only the branch's: the lattice's 11 was passed over
+        assert_eq!(m.path_confidences(&[n10, n12, n13]), (vec![0.8, 0.7], 1));
+        assert_eq!(m.path_confidences(&[n10]), (vec![0.8, 0.7], 1));
+        // a path off the lattice at once: its first child, 10, was rejected
+        assert_eq!(m.path_confidences(&[n30, n31]), (vec![0.8], 0));
+        assert_eq!(m.path_confidences(&[]), (vec![0.8], 0));
+    }
+
+    #[test]
     fn the_budget_goes_to_the_best_estimates_of_either_kind() {
         let t = lattice();
-        let b = Branch { tokens: vec![30, 31], match_len: 1 };
+        let b = Branch { tokens: vec![30, 31], match_len: 1, after_edit: false };
         // a weak branch (0.2) beats the weak lattice sibling (0.1) for the last node
         let m = merge_branches(&t, std::slice::from_ref(&b), TreeLimits::tree(3, 7), raw, |_, _| 0.2);
         let tokens: Vec<i32> = m.nodes().iter().map(|n| n.token).collect();
@@ -155,7 +193,7 @@ mod tests {
         let m = merge_branches(&t, &[b], one_leaf, raw, |_, _| 0.2);
         assert_eq!(m.leaves().len(), 1);
         // and the depth limit cuts a branch
-        let deep = Branch { tokens: vec![40, 41, 42, 43], match_len: 8 };
+        let deep = Branch { tokens: vec![40, 41, 42, 43], match_len: 8, after_edit: false };
         let m = merge_branches(&t, &[deep], TreeLimits::tree(10, 2), raw, |_, _| 0.99);
         assert!(m.nodes().iter().all(|n| n.depth <= 2));
         assert_eq!(m.nodes().iter().filter(|n| !n.in_lattice()).count(), 2);
@@ -164,7 +202,10 @@ mod tests {
     #[test]
     fn the_first_k_nodes_of_a_merged_tree_are_a_tree() {
         let t = lattice();
-        let b = [Branch { tokens: vec![10, 12, 13], match_len: 3 }, Branch { tokens: vec![50, 51], match_len: 2 }];
+        let b = [
+            Branch { tokens: vec![10, 12, 13], match_len: 3, after_edit: false },
+            Branch { tokens: vec![50, 51], match_len: 2, after_edit: false },
+        ];
         let m = merge_branches(&t, &b, TreeLimits::tree(8, 7), raw, |m, d| 0.3 + 0.1 * m as f64 - 0.01 * d as f64);
         for k in 0..=m.len() {
             let mut cut = m.clone();

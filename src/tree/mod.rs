@@ -128,8 +128,9 @@ pub struct Node {
     /// children are scored from; [`NOT_IN_LATTICE`] for a node only an n-gram
     /// branch proposed.
     pub candidate: usize,
-    /// Match length of the n-gram branch that proposed this node too
-    /// (`crate::ngram`); 0: the lattice's alone.
+    /// Class (`crate::ngram::Branch::class`: the match length, or past
+    /// `MAX_MATCH` after an edit) of the n-gram branch that proposed this
+    /// node too; 0: the lattice's alone.
     pub ngram: u8,
 }
 
@@ -250,22 +251,23 @@ impl Tree {
         self.nodes.truncate(n);
     }
 
-    /// The edge probabilities along an accepted `path`, then, when the path's
-    /// last node (or the anchor) has children, its first (most probable)
-    /// child's: the draft positions the target reached, in the form of a
-    /// chain's confidences for `crate::adaptive`. Lattice nodes only: the
-    /// path is cut before its first node only an n-gram branch proposed (the
-    /// lattice's chain was not followed beyond it), and the child is the
-    /// first of the lattice's.
-    pub fn path_confidences(&self, path: &[usize]) -> Vec<f32> {
+    /// The edge probabilities along an accepted `path` as far as it follows
+    /// lattice nodes, then the first (most probable) lattice child where it
+    /// stopped or left the lattice, which the target rejected: the draft
+    /// positions the target reached, in the form of a chain's confidences for
+    /// `crate::adaptive`, and how many of them it accepted. A path that goes
+    /// on through a node only an n-gram branch proposed is cut there, and
+    /// the lattice's child it passed over counts as rejected: left out, the
+    /// lattice would be credited with the steps its own guess failed on
+    /// wherever a branch's succeeded.
+    pub fn path_confidences(&self, path: &[usize]) -> (Vec<f32>, usize) {
         let lattice = path.iter().take_while(|&&i| self.nodes[i].in_lattice()).count();
         let mut out: Vec<f32> = path[..lattice].iter().map(|&i| self.nodes[i].prob).collect();
-        if lattice == path.len() {
-            if let Some(next) = self.children(path.last().copied()).find(|&c| self.nodes[c].in_lattice()) {
-                out.push(self.nodes[next].prob);
-            }
+        let at = if lattice == 0 { None } else { Some(path[lattice - 1]) };
+        if let Some(next) = self.children(at).find(|&c| self.nodes[c].in_lattice()) {
+            out.push(self.nodes[next].prob);
         }
-        out
+        (out, lattice)
     }
 
     /// Expected accepted tokens (the bonus token not counted) under the

@@ -28,7 +28,8 @@ pub enum FirstChild {
 
 /// Continuations proposed from outside q (n-gram branches of the sequence's
 /// own text) for a sampled tree: each token becomes a child taken without a
-/// draw (a point mass), where its estimated acceptance `p(match_len, depth)`
+/// draw (a point mass), where its estimated acceptance `p(class, depth)`
+/// (`Branch::class`)
 /// ranks it above the next draw, as deep as `max_depth`.
 #[derive(Clone, Copy)]
 pub struct Proposals<'a> {
@@ -169,12 +170,12 @@ pub(super) fn row_q(lattice: &Lattice, p: usize, pred: usize, n_vocab: usize, q:
 }
 
 /// A child a parent may take without a draw: a proposed token, its estimated
-/// acceptance, the match length its node carries, and the proposals that go
-/// on through it (index into the branches, next depth).
+/// acceptance, the branch class its node carries (the best estimate's), and
+/// the proposals that go on through it (index into the branches, next depth).
 struct Offer {
     token: i32,
     est: f64,
-    match_len: u8,
+    class: u8,
     through: Vec<usize>,
 }
 
@@ -349,18 +350,16 @@ pub(super) fn sample_tree_with<C: Chance>(
         for &b in through {
             let branch = &proposals.branches[b];
             let Some(&token) = branch.tokens.get(depth) else { continue };
-            let match_len = branch.match_len.min(u8::MAX as usize);
+            let class = branch.class().min(u8::MAX as usize);
+            let est = (proposals.p)(class, depth + 1);
             match out.iter_mut().find(|o| o.token == token) {
                 Some(o) => {
                     o.through.push(b);
-                    o.match_len = o.match_len.max(match_len as u8);
+                    if est > o.est {
+                        (o.est, o.class) = (est, class as u8);
+                    }
                 }
-                None => out.push(Offer {
-                    token,
-                    est: (proposals.p)(match_len, depth + 1),
-                    match_len: match_len as u8,
-                    through: vec![b],
-                }),
+                None => out.push(Offer { token, est, class: class as u8, through: vec![b] }),
             }
         }
         out.sort_by(|a, b| b.est.total_cmp(&a.est));
@@ -394,7 +393,7 @@ pub(super) fn sample_tree_with<C: Chance>(
         let depth = parent.depth + 1;
         // the child's token, q at it (0 outside q), its estimate, the
         // candidate its row continues from, and the proposals through it
-        let (token, prob, est, candidate, match_len, through) = match how {
+        let (token, prob, est, candidate, class, through) = match how {
             Next::Offer => {
                 let o = parent.offers.remove(0);
                 let m = parent.row.as_ref().and_then(|r| r.ids.iter().position(|&id| id == o.token));
@@ -405,7 +404,7 @@ pub(super) fn sample_tree_with<C: Chance>(
                     }
                     _ => (0.0, NOT_IN_LATTICE),
                 };
-                (o.token, prob, o.est, candidate, o.match_len, o.through)
+                (o.token, prob, o.est, candidate, o.class, o.through)
             }
             Next::Greedy(_) | Next::Draw => {
                 let row = parent.row.as_ref().expect("only parents with a row draw");
@@ -445,7 +444,7 @@ pub(super) fn sample_tree_with<C: Chance>(
             prob: if candidate == NOT_IN_LATTICE { est as f32 } else { prob },
             path_prob: path as f32,
             candidate,
-            ngram: match_len,
+            ngram: class,
         });
         fixed.push(is_fixed);
         keys.push(key_at);

@@ -441,7 +441,7 @@ mod tests {
             let branches: &'static [Branch] = Box::leak(
                 self.branches
                     .iter()
-                    .map(|&(t, m)| Branch { tokens: t.to_vec(), match_len: m })
+                    .map(|&(t, m)| Branch { tokens: t.to_vec(), match_len: m, after_edit: false })
                     .collect::<Vec<_>>()
                     .into(),
             );
