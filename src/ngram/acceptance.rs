@@ -25,11 +25,20 @@ const CONTINUATION_PRIOR: f64 = 0.6;
 pub struct NgramAcceptance {
     /// (reached, accepted) per class (index class - 1) and depth (d - 1).
     counts: Vec<[(f64, f64); MAX_DEPTH]>,
+    /// (reached, accepted) of the tokens past a branch's first, per class
+    /// and over every class: kept as they are observed, since the estimate
+    /// reads them for every node of every tree.
+    later: Vec<(f64, f64)>,
+    every_later: (f64, f64),
 }
 
 impl Default for NgramAcceptance {
     fn default() -> Self {
-        NgramAcceptance { counts: vec![[(0.0, 0.0); MAX_DEPTH]; N_CLASSES] }
+        NgramAcceptance {
+            counts: vec![[(0.0, 0.0); MAX_DEPTH]; N_CLASSES],
+            later: vec![(0.0, 0.0); N_CLASSES],
+            every_later: (0.0, 0.0),
+        }
     }
 }
 
@@ -50,22 +59,24 @@ impl NgramAcceptance {
     pub fn p(&self, class: usize, depth: usize) -> f64 {
         let (m, d) = Self::cell(class, depth);
         let shrunk = |(n, a): (f64, f64), towards: f64| (a + PRIOR_WEIGHT * towards) / (n + PRIOR_WEIGHT);
-        let base = if d == 0 {
-            prior(m + 1)
-        } else {
-            let later = |row: &[(f64, f64); MAX_DEPTH]| row[1..].iter().fold((0.0, 0.0), |s, c| (s.0 + c.0, s.1 + c.1));
-            let every = self.counts.iter().map(later).fold((0.0, 0.0), |s, c| (s.0 + c.0, s.1 + c.1));
-            shrunk(later(&self.counts[m]), shrunk(every, CONTINUATION_PRIOR))
-        };
+        let base =
+            if d == 0 { prior(m + 1) } else { shrunk(self.later[m], shrunk(self.every_later, CONTINUATION_PRIOR)) };
         shrunk(self.counts[m][d], base)
     }
 
     /// One branch token of class `class` the target reached: accepted or not.
     pub fn observe(&mut self, class: usize, depth: usize, accepted: bool) {
         let (m, d) = Self::cell(class, depth);
-        let c = &mut self.counts[m][d];
-        c.0 += 1.0;
-        c.1 += accepted as u8 as f64;
+        let hit = accepted as u8 as f64;
+        let add = |c: &mut (f64, f64)| {
+            c.0 += 1.0;
+            c.1 += hit;
+        };
+        add(&mut self.counts[m][d]);
+        if d > 0 {
+            add(&mut self.later[m]);
+            add(&mut self.every_later);
+        }
     }
 
     /// A greedy tree was verified and `path` accepted: every branch node
