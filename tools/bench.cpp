@@ -270,7 +270,7 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 }
                 printf("\n");
                 if (s.n_one_pass_rows > 0) {
-                    printf("    %-8s %lld one-row verify decodes over 512+ cells got a second, parked row (ggml's CPU"
+                    printf("    %-8s %lld one-row verify ubatches over 512+ cells got a row more, parked (ggml's CPU"
                            " attention would split their cells, target-only's not)\n",
                             r->mode.c_str(), (long long) s.n_one_pass_rows);
                 }

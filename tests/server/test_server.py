@@ -786,7 +786,8 @@ def test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_se
 def test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy():
     # every tree step holds 1 + 16 cells until the slot's history is cut (parked,
     # so that cells stay in position order): a generation in the smallest cache
-    # (llama.cpp pads to 256) runs short after about 11 steps, the parked cells are
+    # (llama.cpp pads to 256) runs short after about 14 steps (72 tokens take 20
+    # or more at the trained drafter's 3.5 per step or fewer), the parked cells are
     # freed and the slot goes on with chains; freed cells are then reused out of
     # position order, so the answer is checked token by token against the target
     # (see assert_greedy_under)
@@ -797,8 +798,8 @@ def test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy():
                                                    "add_special": True})["tokens"]
         ties = []
         for _ in range(2):  # the second time from the cached prompt: trees again
-            got = generate_tokens(tree, prompt, 40)
-            assert len(got) == 40, len(got)
+            got = generate_tokens(tree, prompt, 72)
+            assert len(got) == 72, len(got)
             ties.append(assert_greedy_under(ref, prompt, got))
         print(f"  near-ties taken the other way (token, gap in nats) per request: {ties}")
         log = tree.log_text()

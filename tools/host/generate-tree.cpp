@@ -17,18 +17,20 @@
 // verify batch is also tagged with the stream's park id, which no query uses:
 // no cell is freed until the wave ends, at the price of 1 + n_nodes cells per
 // step instead of 1 + accepted (see host_tree_seq_ids for the ids).
-// The parked cells still count where a batch has one row (a step whose trees
-// are empty, one stream left): ggml's CPU attention then splits the cells
-// across its threads once there are 512 or more, and sums the parts, which
-// rounds by where each cell lies; target-only, whose sequence alone holds
-// fewer cells, sums them in one pass. Such a batch gets a second row, parked
-// at once and never read, that keeps it on the one-pass kernel.
+// The parked cells still count where a ubatch has one row (a step whose trees
+// are empty, one stream left, or the last row of 64 at ubatch 63): ggml's CPU
+// attention then splits the cells across its threads once there are 512 or
+// more, and sums the parts, which rounds by where each cell lies; target-only,
+// whose sequence alone holds fewer cells, sums them in one pass. Such a batch
+// gets a row more, parked at once and never read, that keeps that ubatch on
+// the one-pass kernel.
 #include "dflash2-batch-rows.h"
 #include "dflash2.hpp"
 #include "host.h"
 #include "stream.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace {
 
@@ -169,31 +171,42 @@ struct tree_wave : host_wave_runner {
     void finish() override { host_add_engine_stats(stats, engine); }
 
   private:
-    // a one-row batch whose cells ggml would split (the parked ones among them) where
-    // target-only's would not: a second row keeps it on the one-pass kernel. Its cell takes the
-    // stream's first extra path id, empty between steps (a batch's rows of a sequence that holds
-    // cells must follow its last position; the park id's do not), and is parked after the decode
-    // (park_one_pass). Returns the stream's sequence, or -1 for none.
-    llama_seq_id keep_one_pass(const std::vector<size_t> & active, int32_t np) {
-        if (batch.size() != 1 || cells < 0 || n_leaves < 2 || !tgt.cpu_attention_by_rows()) {
-            return -1;
+    // a ubatch of one row (a one-row batch, or the last row of one: 64 rows at ubatch 63)
+    // whose cells ggml would split (the parked ones among them) where target-only's would
+    // not: a row more keeps it on the one-pass kernel. Its cell takes a path id left empty
+    // by some stream's tree (a batch's rows of a sequence that holds cells must follow its
+    // last position; the park id's do not), and is parked after the decode (park_one_pass).
+    // Returns the pad row's path id and its stream's park id, or {-1, -1} for none.
+    std::pair<llama_seq_id, llama_seq_id> keep_one_pass(const std::vector<size_t> & active, int32_t np) {
+        const std::pair<llama_seq_id, llama_seq_id> none = { -1, -1 };
+        if (batch.size() % tgt.n_ubatch() != 1 || cells < 0 || !tgt.cpu_attention_by_rows()) {
+            return none;
         }
-        const host_stream & s = streams[active[0]];
-        if (cells_attended(cells + 1) < SPLIT_KV_CELLS || cells_attended(s.n_past + 1) >= SPLIT_KV_CELLS) {
-            return -1;
+        const host_stream & last = streams[active.back()];
+        const int64_t n_cells = cells + (int64_t) batch.size();
+        if (cells_attended(n_cells) < SPLIT_KV_CELLS || cells_attended(last.n_past + 1) >= SPLIT_KV_CELLS) {
+            return none;
         }
-        batch.add(s.id_last, s.n_past, std::vector<llama_seq_id>{ ids_of(s.seq, np, n_leaves).pool[1] }, false);
-        stats.n_one_pass_rows += 1;
-        return s.seq;
+        for (size_t k = 0; k < active.size(); ++k) {
+            const host_stream & s = streams[active[k]];
+            const int32_t free_id = std::max(steps[k].n_leaves, 1);
+            if (free_id >= n_leaves) {
+                continue;
+            }
+            const tree_ids ids = ids_of(s.seq, np, n_leaves);
+            batch.add(s.id_last, s.n_past, std::vector<llama_seq_id>{ ids.pool[free_id] }, false);
+            stats.n_one_pass_rows += 1;
+            return { ids.pool[free_id], ids.park };
+        }
+        return none;
     }
 
-    void park_one_pass(llama_seq_id seq, int32_t np) {
-        if (seq < 0) {
+    void park_one_pass(const std::pair<llama_seq_id, llama_seq_id> & pad) {
+        if (pad.first < 0) {
             return;
         }
-        const tree_ids ids = ids_of(seq, np, n_leaves);
-        llama_memory_seq_cp(mem, ids.pool[1], ids.park, -1, -1);
-        llama_memory_seq_rm(mem, ids.pool[1], -1, -1);
+        llama_memory_seq_cp(mem, pad.first, pad.second, -1, -1);
+        llama_memory_seq_rm(mem, pad.first, -1, -1);
     }
 
     // one tree draft + verify step of every active stream
@@ -254,7 +267,7 @@ struct tree_wave : host_wave_runner {
                 rows.push_back({ st.rows[r], s.seq, r == 0 ? s.n_past : s.n_past + st.nodes[r - 1].depth, false });
             }
         }
-        const llama_seq_id one_pass = keep_one_pass(active, np);
+        const auto one_pass = keep_one_pass(active, np);
         t = host_time_us();
         if (!tgt.try_decode(batch)) {
             // the parked cells of earlier steps filled the cache: they only keep each sequence's
@@ -270,7 +283,7 @@ struct tree_wave : host_wave_runner {
         if (cells >= 0) {
             cells += batch.size();
         }
-        park_one_pass(one_pass, np);
+        park_one_pass(one_pass);
         t = host_time_us();
         engine.process(rows);
         stats.t_process_us += host_time_us() - t;

@@ -107,8 +107,8 @@ struct host_stats {
     std::map<std::string, int64_t> shapes;
     // tree modes: verify decodes that found the cache full of parked cells (freed, decoded again)
     int64_t n_unparked = 0;
-    // tree modes: one-row verify decodes given a second, parked row to stay on the one-pass
-    // attention kernel of target-only decoding (generate-tree.cpp)
+    // tree modes: verify batches whose last ubatch had one row, given a row more (parked) to
+    // stay on the one-pass attention kernel of target-only decoding (generate-tree.cpp)
     int64_t n_one_pass_rows = 0;
 
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
