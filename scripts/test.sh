@@ -128,8 +128,12 @@ step_ctest() {
     prefix=$(scripts/install.sh "$build/prefix")
     cargo run -q --release -p dflash2-fixtures -- set "$build/fixtures"
     cargo run -q --release -p dflash2-fixtures -- drafter-for "$DFLASH2_SMOLLM2" "$build/smollm2-dflash2-generated.gguf"
+    local trained
+    trained="$(scripts/shared-models.sh)/smollm2-135m-dflash2.gguf"
+    [ -f "$trained" ] || trained=""
     cmake -S ctest -B "$build/build" -Ddflash2_DIR="$prefix/lib/cmake/dflash2" -DDFLASH2_FIXTURES="$build/fixtures" \
-        -DDFLASH2_SMOLLM2="$DFLASH2_SMOLLM2" -DDFLASH2_SMOLLM2_DRAFTER="$build/smollm2-dflash2-generated.gguf" >/dev/null
+        -DDFLASH2_SMOLLM2="$DFLASH2_SMOLLM2" -DDFLASH2_SMOLLM2_DRAFTER="$build/smollm2-dflash2-generated.gguf" \
+        -DDFLASH2_SMOLLM2_TRAINED="$trained" >/dev/null
     cmake --build "$build/build" -j 2 >/dev/null
     ctest --test-dir "$build/build" --output-on-failure --timeout 600
 }

@@ -26,6 +26,7 @@ struct mode_result {
     std::vector<bool>        identical; // per prompt, vs target-only at the same np
     size_t                   i_median = 0;
     bool                     comparable = true; // its output is expected to equal target-only's
+    std::vector<int32_t>     steps;     // per prompt, of the last repetition: decode steps after the prefill
 
     const host_stats & median() const { return runs[i_median]; }
 
@@ -354,6 +355,11 @@ void write_json(const std::string & path, const host_args & args, const std::vec
                 << ", \"bytes_moved\": " << s.head_bytes_moved << ", \"bytes_full_gather\": "
                 << s.head_bytes_full_gather << ", \"bytes_mirrored\": " << s.head_bytes_mirrored << "}";
         }
+        out << ", \"steps_per_prompt\": [";
+        for (size_t i = 0; i < r.steps.size(); ++i) {
+            out << (i ? ", " : "") << r.steps[i];
+        }
+        out << "]";
         out << ", \"identical_to_ar\": ";
         if (r.comparable) {
             out << "[";
@@ -638,7 +644,7 @@ int main(int argc, char ** argv) {
             std::vector<mode_result> at_np;
             for (const auto & m : modes) {
                 // sampled dflash2 drafts are verified with other random draws than target-only's
-                at_np.push_back({ m, np, {}, {}, 0, !tgt.sampled() || m == "ar" || m == "upstream" });
+                at_np.push_back({ m, np, {}, {}, 0, !tgt.sampled() || m == "ar" || m == "upstream", {} });
             }
             // the target-only output every run is compared with
             tgt.reset_context(np);
@@ -664,6 +670,7 @@ int main(int argc, char ** argv) {
                     const mode_host       host(r.mode, tgt, np, sizes);
                     const host_generation gen = host_generate_waves(tgt, host.waves, prompts);
                     r.runs.push_back(gen.stats);
+                    r.steps = gen.steps;
                     for (size_t i = 0; i < prompts.size(); ++i) {
                         const auto & want = on_tree_context(r.mode) ? reference_tree[i] : reference[i];
                         r.identical[i] = r.identical[i] && gen.tokens[i] == want;

@@ -60,28 +60,20 @@ pub fn propose(text: &[i32], anchor: i32, max_len: usize, max_branches: usize) -
     let n = text.len();
     // candidates as (match length, end of the occurrence in `text`), one per
     // next token (a common anchor has many occurrences and successors)
-    let mut best: Vec<(usize, usize)> = Vec::new();
-    let mut by_next: HashMap<i32, usize> = HashMap::new();
+    let mut per_next = PerNextToken::default();
+    // scanning from the newest, an older occurrence replaces only a shorter
+    // match or continuation (a periodic text's newest occurrence runs into the
+    // text's end)
+    let key = |&(len, end): &(usize, usize)| (len, (n - end - 1).min(max_len));
     for end in (0..n).rev() {
         // text[end] is the occurrence's anchor; it continues with text[end + 1..]
         if text[end] != anchor || end + 1 >= n || text[end + 1] < 0 {
             continue;
         }
         let len = 1 + common_suffix(text, end, MAX_MATCH - 1);
-        let next = text[end + 1];
-        let key = (len, (n - end - 1).min(max_len));
-        match by_next.get(&next) {
-            // scanning from the newest, an older occurrence replaces only a
-            // shorter match or continuation (a periodic text's newest
-            // occurrence runs into the text's end)
-            Some(&i) if (best[i].0, (n - best[i].1 - 1).min(max_len)) < key => best[i] = (len, end),
-            Some(_) => {}
-            None => {
-                by_next.insert(next, best.len());
-                best.push((len, end));
-            }
-        }
+        per_next.offer(text[end + 1], (len, end), |new, old| key(old) < key(new));
     }
+    let mut best = per_next.best;
     // longest match first; among equals the newest (larger end)
     best.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
     best.truncate(max_branches);
@@ -107,8 +99,7 @@ fn after_edit(text: &[i32], max_len: usize) -> Vec<Branch> {
     // (match length, end of the occurrence, start of the continuation) per
     // next token; scanning from the newest occurrence and the fewest tokens
     // skipped, a later candidate replaces only a shorter match
-    let mut best: Vec<(usize, usize, usize)> = Vec::new();
-    let mut by_next: HashMap<i32, usize> = HashMap::new();
+    let mut per_next = PerNextToken::default();
     // text[..j] ends like the text does: an earlier occurrence of its tail
     for j in (1..n).rev() {
         let len = common_suffix(text, j, MAX_MATCH);
@@ -119,21 +110,44 @@ fn after_edit(text: &[i32], max_len: usize) -> Vec<Branch> {
             if text[start] < 0 {
                 break;
             }
-            match by_next.get(&text[start]) {
-                Some(&i) if best[i].0 < len => best[i] = (len, j, start),
-                Some(_) => {}
-                None => {
-                    by_next.insert(text[start], best.len());
-                    best.push((len, j, start));
-                }
-            }
+            per_next.offer(text[start], (len, j, start), |new, old| old.0 < new.0);
         }
     }
+    let mut best = per_next.best;
     best.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
     best.truncate(MAX_EDIT_SKIP + 1);
     best.into_iter()
         .map(|(match_len, _, start)| Branch { tokens: continuation(text, start, max_len), match_len, after_edit: true })
         .collect()
+}
+
+/// One candidate per next token, in the order first seen: a later offer
+/// replaces the kept one only where `better(new, kept)`.
+struct PerNextToken<C> {
+    best: Vec<C>,
+    index: HashMap<i32, usize>,
+}
+
+impl<C> Default for PerNextToken<C> {
+    fn default() -> Self {
+        Self { best: Vec::new(), index: HashMap::new() }
+    }
+}
+
+impl<C> PerNextToken<C> {
+    fn offer(&mut self, next: i32, candidate: C, better: impl FnOnce(&C, &C) -> bool) {
+        match self.index.get(&next) {
+            Some(&i) => {
+                if better(&candidate, &self.best[i]) {
+                    self.best[i] = candidate;
+                }
+            }
+            None => {
+                self.index.insert(next, self.best.len());
+                self.best.push(candidate);
+            }
+        }
+    }
 }
 
 /// How many tokens before `text[at]` equal those before the text's end (at

@@ -140,6 +140,7 @@ void collect(std::vector<host_stream> & streams, host_generation & gen) {
     for (auto & s : streams) {
         gen.stats.n_generated += (int64_t) s.out.size();
         gen.tokens[s.i_prompt] = std::move(s.out);
+        gen.steps[s.i_prompt]  = std::max(s.n_emits - 1, 0);
     }
 }
 
@@ -164,6 +165,7 @@ host_generation host_generate_waves(host_target & tgt, const host_wave_factory &
         const std::vector<std::vector<llama_token>> & prompts) {
     host_generation gen;
     gen.tokens.resize(prompts.size());
+    gen.steps.resize(prompts.size());
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
         std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
@@ -185,6 +187,8 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
     host_generation a, b;
     a.tokens.resize(prompts.size());
     b.tokens.resize(prompts.size());
+    a.steps.resize(prompts.size());
+    b.steps.resize(prompts.size());
     const size_t n_seq = (size_t) tgt_a.params.n_seq;
     bool a_first = true;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {

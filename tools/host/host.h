@@ -283,6 +283,7 @@ void host_add_engine_stats(host_stats & stats, const dflash2::engine & engine);
 
 struct host_generation {
     std::vector<std::vector<llama_token>> tokens; // generated tokens per prompt
+    std::vector<int32_t>                  steps;  // decode steps per prompt after its prefill
     host_stats                            stats;
 };
 

@@ -24,6 +24,9 @@ llama_token host_pick(const host_target & tgt, host_stream & s, int32_t i_batch)
 }
 
 void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama_token> & emitted) {
+    if (!s.done) {
+        s.n_emits += 1;
+    }
     for (llama_token id : emitted) {
         if (s.done) {
             break;

@@ -15,6 +15,7 @@ struct host_stream {
     llama_pos                n_past  = 0;
     llama_token              id_last = 0;
     bool                     done    = false;
+    int32_t                  n_emits = 0; // host_emit calls: the prefill's, then one per step
     uint32_t                 seed    = 0;
     std::unique_ptr<host_sampler> smpl; // the target's sampler when it samples
 };
