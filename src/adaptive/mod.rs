@@ -30,7 +30,9 @@ pub use acceptance::AcceptanceModel;
 pub use cost::CostModel;
 pub use policy::{AdaptivePolicy, Plan};
 
-/// Plain steps measured before anything is drafted: the yardstick.
+/// Plain steps measured before drafting where a draft decode is dear: the
+/// yardstick (one probe after the first of them times a draft decode; where
+/// it is cheap, that first step is the yardstick).
 const ARM_MIN_STEPS: u32 = 4;
 
 /// A time observation counts as this many times what was expected at most.

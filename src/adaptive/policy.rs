@@ -2,7 +2,9 @@
 //! ([`Plan`]) and how much of a draft it keeps.
 //!
 //! Each step is one of three kinds:
-//! - plain: no draft. The first steps are plain: their rate is the yardstick.
+//! - plain: no draft. The first steps are plain: their rate is the yardstick
+//!   (`ARM_MIN_STEPS` of them; one, where the probe after it shows a draft
+//!   decode cheap against it).
 //! - all: every requesting sequence drafts, cut to what pays; taken when the
 //!   model expects drafting to pay and the drafting steps were not measured
 //!   slower than plain steps at the same moment would have been.
@@ -306,12 +308,22 @@ impl AdaptivePolicy {
     /// sooner. Where it is dear (a small target on a CPU) those steps are
     /// worth the wait.
     fn verify_per_row(&self) -> Option<f64> {
-        self.verify_cost.per_row().or_else(|| {
-            let cheap = self.draft_cost.seen()
-                && self.plain.seconds.seen
-                && self.draft_cost.mean() <= CHEAP_DRAFT_SHARE * self.plain.seconds.value;
-            if cheap { self.verify_cost.dearest_slope() } else { None }
-        })
+        self.verify_cost.per_row().or_else(|| if self.cheap_draft() { self.verify_cost.dearest_slope() } else { None })
+    }
+
+    /// A draft decode was timed at most `CHEAP_DRAFT_SHARE` of a plain step.
+    fn cheap_draft(&self) -> bool {
+        self.draft_cost.seen()
+            && self.plain.seconds.seen
+            && self.draft_cost.mean() <= CHEAP_DRAFT_SHARE * self.plain.seconds.value
+    }
+
+    /// The plain steps measured are the yardstick: `ARM_MIN_STEPS` of them,
+    /// or one where a draft decode is cheap against it (a big target on a
+    /// GPU: drafting that does not pay loses little, and every plain step
+    /// more is a step without a draft in a wave of sequences).
+    fn yardstick(&self) -> bool {
+        self.plain.rate().is_some() || (self.plain.steps >= 1 && self.cheap_draft())
     }
 
     /// The price of one verified row in tokens: rho * b (`verify_per_row`).
@@ -364,7 +376,12 @@ impl AdaptivePolicy {
 
     /// What a step for `n_seqs` sequences does.
     fn decide(&mut self, n_seqs: usize) -> Plan {
-        if self.plain.rate().is_none() {
+        if !self.yardstick() {
+            // after the first plain step, one probe times a draft decode:
+            // whether the yardstick needs more plain steps
+            if self.plain.steps >= 1 && self.probes == 0 {
+                return self.probe(n_seqs, false);
+            }
             return Plan::Plain;
         }
         let (pays, may_pay) = match self.expected_net(n_seqs) {
@@ -397,6 +414,12 @@ impl AdaptivePolicy {
         // measured; a full batch of drafts for every sequence would cost
         // many verify rows more
         let wide = may_pay && settled && self.draft_cost.per_row().is_none() && self.probes % 2 == 1;
+        self.probe(n_seqs, wide)
+    }
+
+    /// The next probe: the next request in turn drafts `PROBE_LEN` tokens at
+    /// most, from a full block (`wide`) or one of `PROBE_LEN + 1` rows.
+    fn probe(&mut self, n_seqs: usize, wide: bool) -> Plan {
         let request = self.probes % n_seqs.max(1);
         self.probes = self.probes.wrapping_add(1);
         Plan::Probe { request, n_max: PROBE_LEN, rows: if wide { self.n_positions + 1 } else { PROBE_LEN + 1 } }
@@ -498,7 +521,7 @@ impl AdaptivePolicy {
         if seconds <= 0.0 {
             return;
         }
-        if self.plain.rate().is_none() {
+        if !self.yardstick() && self.plan == Plan::Plain {
             self.elapsed += seconds;
             self.rate.add(tokens as f64 / seconds);
             self.plain.add(tokens as f64, seconds);
@@ -761,14 +784,32 @@ mod tests {
 
     #[test]
     fn where_drafts_are_cheap_drafting_starts_after_two_probes() {
-        // the yardstick's plain steps, a probe, a plain step, a probe: three
+        // a plain step (the yardstick: the probe after it shows a draft
+        // decode cheap against it), a probe, a plain step, a probe: three
         // slopes of the verify cost, the dearest of them nearly free
         for n_seqs in [1, 2, 4] {
             let w = gpu(n_seqs, 0.7);
             let mut p = AdaptivePolicy::new(7);
-            let run = w.run(&mut p, ARM_MIN_STEPS as usize + 3);
-            assert_eq!((run.plain, run.probes, run.all), (ARM_MIN_STEPS as usize + 1, 2, 0), "np {n_seqs}: {run:?}");
+            let run = w.run(&mut p, 4);
+            assert_eq!((run.plain, run.probes, run.all), (2, 2, 0), "np {n_seqs}: {run:?}");
             assert_eq!(w.run(&mut p, 1).all, 1, "np {n_seqs}");
+        }
+        // where a draft decode is dear the yardstick is ARM_MIN_STEPS plain
+        // steps, the probe after the first among them
+        for n_seqs in [1, 2, 4] {
+            let w = cpu(n_seqs, 0.7);
+            let mut p = AdaptivePolicy::new(7);
+            let mut plans = Vec::new();
+            while !p.yardstick() {
+                w.run(&mut p, 1);
+                plans.push(p.plan);
+            }
+            let probe = Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 };
+            let mut expected = vec![Plan::Plain; ARM_MIN_STEPS as usize + 1];
+            expected[1] = probe;
+            // (the last plan was decided with the yardstick)
+            assert_eq!(plans.len(), ARM_MIN_STEPS as usize + 2, "np {n_seqs}: {plans:?}");
+            assert_eq!(plans[..ARM_MIN_STEPS as usize + 1], expected, "np {n_seqs}");
         }
         // three slopes, rows at 5 ms: their dearest prices a row only where a
         // draft decode is cheap against a plain step (10 ms)
@@ -882,15 +923,15 @@ mod tests {
     fn the_first_steps_are_plain_then_probes_take_the_sequences_in_turn() {
         let mut p = AdaptivePolicy::new(7);
         let t0 = Instant::now();
-        let plans: Vec<Plan> = (0..ARM_MIN_STEPS as u64 + 1)
+        let plans: Vec<Plan> = (0..2)
             .map(|i| {
                 let plan = p.begin_step(t0 + Duration::from_millis(10 * i), 3);
                 p.step_tokens = 3;
                 plan
             })
             .collect();
-        assert!(plans[..ARM_MIN_STEPS as usize].iter().all(|&x| x == Plan::Plain), "{plans:?}");
-        assert_eq!(plans[ARM_MIN_STEPS as usize], Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 });
+        // the first probe comes after the first plain step
+        assert_eq!(plans, [Plan::Plain, Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 }]);
         // a probe keeps a token at least, whatever the model says
         p.acceptance.observe(&[0.3; 7], 0);
         assert_eq!(p.keep(&[0.3, 0.3]), 2);
@@ -898,11 +939,15 @@ mod tests {
         (q.verify_cost.slope, q.verify_cost.settled) = (Some(1.0), true);
         q.rate.add(1000.0);
         assert_eq!(q.keep(&[0.3, 0.3]), 1);
-        // while a verify row's cost is learned a plain step follows each probe;
-        // the next probe (budget permitting) is the next sequence's
+        // no draft decode was timed (so none is cheap): plain steps until the
+        // yardstick has ARM_MIN_STEPS; then, while a verify row's cost is
+        // learned, probes and plain steps in turn, the next probe (budget
+        // permitting) the next sequence's
         p.loss = -1.0;
-        assert_eq!(p.begin_step(t0 + Duration::from_millis(60), 3), Plan::Plain);
-        let plan = p.begin_step(t0 + Duration::from_millis(70), 3);
+        for i in 2..=ARM_MIN_STEPS as u64 {
+            assert_eq!(p.begin_step(t0 + Duration::from_millis(10 * i), 3), Plan::Plain);
+        }
+        let plan = p.begin_step(t0 + Duration::from_millis(10 * (ARM_MIN_STEPS as u64 + 1)), 3);
         assert_eq!(plan, Plan::Probe { request: 1, n_max: PROBE_LEN, rows: PROBE_LEN + 1 });
         assert_eq!(plan.cap(0, 7), 0);
         assert_eq!(plan.cap(1, 7), PROBE_LEN);

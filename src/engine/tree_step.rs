@@ -55,7 +55,8 @@ pub struct TreeRequest {
     pub temperature: f32,
     pub draft_temperature: f32,
     pub seed: u32,
-    /// As a chain request's: q cut like the host sampler's p.
+    /// As a chain request's: q cut like the host sampler's p, for trees of
+    /// at most 15 nodes (`Truncation::for_draft`).
     pub truncation: crate::truncation::Truncation,
 }
 

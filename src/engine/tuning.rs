@@ -41,11 +41,17 @@ impl Engine {
         self.observe_tuning(tuning, q, p, node.n_drawn);
     }
 
-    /// How request `r` drafts: as `sampled::mode` says, with the engine's
-    /// draft temperature where the request leaves it unset and tuning is on.
+    /// How request `r` drafts: as `sampled::mode` says, q cut as the draft's
+    /// shape says (`Truncation::for_draft`), with the engine's draft
+    /// temperature where the request leaves it unset and tuning is on.
     /// `tree_nodes`: None for a chain, else the tree's node budget.
     pub(super) fn mode_of(&self, r: &Request, tree_nodes: Option<usize>) -> Result<Mode> {
-        let mode = sampled::mode(r)?;
+        let mode = match sampled::mode(r)? {
+            Mode::Sampled { t_draft, seed, truncation, tuning } => {
+                Mode::Sampled { t_draft, seed, truncation: truncation.for_draft(tree_nodes), tuning }
+            }
+            greedy => greedy,
+        };
         let (Mode::Sampled { seed, truncation, .. }, Some(temps)) = (mode, self.draft_temperatures.as_ref()) else {
             return Ok(mode);
         };

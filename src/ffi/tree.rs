@@ -53,7 +53,10 @@ pub struct llama_spec_dflash2_tree_request {
     /// (see llama_spec_dflash2_draft_request.seed: seeded once, then carried on
     /// across steps; the same seed and calls give the same trees and output).
     pub seed: u32,
-    /// As llama_spec_dflash2_draft_request's: q cut like the host sampler's p.
+    /// As llama_spec_dflash2_draft_request's: q cut like the host sampler's p,
+    /// where the tree's n_nodes (0: the engine's n_max) is at most 15;
+    /// a bigger tree draws from the whole q: the drafter's cut is a guess at
+    /// p's, and a wide tree loses more by the tokens it wrongly drops.
     pub top_k: i32,
     pub top_p: f32,
     pub min_p: f32,
