@@ -681,6 +681,23 @@ fn fixture_pair_sampled_trees_with_the_adaptive_walk_run_without_error() {
     assert!(steps >= 4 * 10, "{steps}");
 }
 
+/// The host sampler's cut applies to q for sampled trees of up to 15 nodes,
+/// not to bigger ones: with the host's top-k at 1, a 15-node tree is a chain
+/// (q holds one candidate per parent), a 16-node one branches.
+#[test]
+fn the_host_samplers_cut_shapes_small_sampled_trees_only() {
+    let params = llama_spec_dflash2_params { ngram_branches: 0, ..params_1t(1) };
+    for (n_nodes, branched) in [(15, false), (16, true)] {
+        let (_target, spec, s) = fixture_engine(params);
+        let shape = Shape { n_nodes, max_depth: 2, max_leaves: LEAVES };
+        let req = llama_spec_dflash2_tree_request { top_k: 1, ..request(s.seq, s.id_last, shape, 1.0, 3) };
+        let tree = draft_trees(&spec, &[req]).remove(0);
+        assert!(!tree.is_empty(), "{n_nodes} nodes");
+        let widest = std::iter::once(None).chain((0..tree.len()).map(Some)).map(|a| tree.children(a).count()).max();
+        assert_eq!(widest.unwrap_or(0) > 1, branched, "{n_nodes} nodes: {:?}", tree.nodes());
+    }
+}
+
 // ---- the contract -----------------------------------------------------------------
 
 fn refused<T: std::fmt::Debug>(r: Result<T, i32>, status: &str, needle: &str) {
