@@ -62,7 +62,9 @@
 // head_bytes_mirrored (appended).
 // 11: LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH: the target ubatch that keeps
 // T = 0 verification on a CPU target with an f16/f32 cache identical to
-// target-only decoding.
+// target-only decoding. (Defaults since, no ABI change: sampled trees of
+// more than 15 nodes draw from the whole q and take q's most probable token
+// as each parent's first child.)
 #define LLAMA_SPEC_DFLASH2_API_VERSION 11
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
@@ -254,7 +256,9 @@ struct llama_spec_dflash2_params {
   // generated text from its own drafts); chains have none.
   int32_t ngram_branches;
   // How a sampled tree's parents choose their first child, an `enum
-  // llama_spec_dflash2_first_child` value; -1 (default) = drawn.
+  // llama_spec_dflash2_first_child` value; -1 (default) = greedy in trees
+  // of more than 15 nodes (whose q is not cut: `top_k` of the tree
+  // request), drawn in smaller ones.
   int32_t first_child;
   // Whether sampled drafts (temperature > 0) adapt to what this engine
   // measured: -1 (default) or 1 = yes, 0 = no. Adapting: (1) a request that
@@ -939,7 +943,8 @@ int32_t llama_spec_dflash2_verify_sampled(struct llama_spec_dflash2 *spec,
 // with the target's probability of them, the siblings after them drawn from
 // q without them): n-gram branch tokens (params.ngram_branches), each where
 // its measured acceptance ranks it before the parent's next draw, and with
-// params.first_child greedy each parent's first child, q's most probable token.
+// params.first_child greedy each parent's first child, q's most probable token
+// (by default: in trees of more than 15 nodes, whose q is not cut).
 // p_min cuts a node's children on its row's temperature-1 confidence, known
 // before any draw; n_min does not apply (dropping a short sampled tree would
 // bias it); the adaptive walk sizes the tree (its n_nodes) from the greedy

@@ -56,8 +56,9 @@ pub struct Config {
     pub use_extra_bufts: bool,
     /// N-gram branches per tree draft; 0: none.
     pub ngram_branches: usize,
-    /// How a sampled tree's parents choose their first child.
-    pub first_child: FirstChild,
+    /// How a sampled tree's parents choose their first child; None: by the
+    /// tree's size (`FirstChild::for_tree`).
+    pub first_child: Option<FirstChild>,
     /// Whether an unset draft temperature is the engine's choice
     /// (`crate::draft_temperature`) rather than the request's temperature,
     /// and sampled trees grow by calibrated acceptance (`crate::calibration`).
@@ -141,8 +142,9 @@ impl Config {
             }
         };
         let first_child = match p.first_child {
-            -1 | 0 => FirstChild::Drawn,
-            1 => FirstChild::Greedy,
+            -1 => None,
+            0 => Some(FirstChild::Drawn),
+            1 => Some(FirstChild::Greedy),
             f => return Err(Error::invalid(format!("first_child = {f} (-1 default, 0 drawn, 1 greedy)"))),
         };
         let adapt_sampled_drafts = match p.adapt_sampled_drafts {

@@ -135,7 +135,9 @@ pub struct llama_spec_dflash2_params {
     /// generated text from its own drafts); chains have none.
     pub ngram_branches: i32,
     /// How a sampled tree's parents choose their first child, an `enum
-    /// llama_spec_dflash2_first_child` value; -1 (default) = drawn.
+    /// llama_spec_dflash2_first_child` value; -1 (default) = greedy in trees
+    /// of more than 15 nodes (whose q is not cut: `top_k` of the tree
+    /// request), drawn in smaller ones.
     pub first_child: i32,
     /// Whether sampled drafts (temperature > 0) adapt to what this engine
     /// measured: -1 (default) or 1 = yes, 0 = no. Adapting: (1) a request that

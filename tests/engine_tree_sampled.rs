@@ -698,6 +698,27 @@ fn the_host_samplers_cut_shapes_small_sampled_trees_only() {
     }
 }
 
+/// By default a sampled tree of more than 15 nodes takes q's most probable
+/// token as each parent's first child (the same token whatever the seed),
+/// a smaller one draws it; params.first_child set says for every size.
+#[test]
+fn big_sampled_trees_take_qs_most_probable_token_first_by_default() {
+    let drawn = llama_spec_dflash2_first_child::LLAMA_SPEC_DFLASH2_FIRST_CHILD_DRAWN as i32;
+    for (first_child, n_nodes, fixed) in [(-1, 15, false), (-1, 16, true), (drawn, 16, false)] {
+        let params = llama_spec_dflash2_params { ngram_branches: 0, first_child, ..params_1t(1) };
+        let firsts: std::collections::BTreeSet<i32> = (1..=8)
+            .map(|seed| {
+                let (_target, spec, s) = fixture_engine(params);
+                let shape = Shape { n_nodes, max_depth: 2, max_leaves: LEAVES };
+                let tree = draft_trees(&spec, &[request(s.seq, s.id_last, shape, 1.0, seed)]).remove(0);
+                let first = tree.children(None).next().expect("the anchor has a child");
+                tree.nodes()[first].token
+            })
+            .collect();
+        assert_eq!(firsts.len() == 1, fixed, "first_child {first_child}, {n_nodes} nodes: {firsts:?}");
+    }
+}
+
 // ---- the contract -----------------------------------------------------------------
 
 fn refused<T: std::fmt::Debug>(r: Result<T, i32>, status: &str, needle: &str) {

@@ -9,7 +9,11 @@ use super::{ARM_MIN_STEPS, SPIKE};
 const SLOPE_MIN: u32 = 5;
 
 /// Slopes before the dearest of them is known (`dearest_slope`): of three,
-/// one slowed-down decode spoils two, and the third is clean.
+/// one slowed-down decode spoils two, and the third is clean. Two do where
+/// the middle of their three runs has the most rows (a plain step, a probe,
+/// a plain step): a slowed-down decode there raises both slopes, one at
+/// either end lowers only its own, so the dearer of the two is at least a
+/// clean one.
 const DEAR_SLOPES_MIN: usize = 3;
 
 /// A time against a row count as a + b * rows. The level is a running mean;
@@ -30,6 +34,8 @@ pub struct CostModel {
     /// the run of observations going on and the one before it, as (rows,
     /// mean seconds), newest first
     runs: [Option<(usize, Mean)>; 2],
+    /// the row count of the run before `runs[1]`
+    older_rows: Option<usize>,
     /// the slopes of runs that ended (a ring)
     slopes: [f64; SLOPES],
     n_slopes: usize,
@@ -77,6 +83,7 @@ impl CostModel {
                 }
                 let mut mean = Mean::default();
                 mean.add(seconds);
+                self.older_rows = self.runs[1].map(|(r, _)| r);
                 self.runs = [Some((rows, mean)), self.runs[0]];
             }
         }
@@ -95,12 +102,21 @@ impl CostModel {
         if len >= SLOPE_MIN as usize {
             self.slope = Some(median(&sorted[..len]).max(0.0));
         }
-        if len >= DEAR_SLOPES_MIN {
+        if len >= DEAR_SLOPES_MIN || (len == 2 && self.middle_run_is_widest()) {
             self.dearest = Some(sorted[len - 1].max(0.0));
         }
         self.count += 1.0;
         self.n.add(rows as f64);
         self.t.add(seconds);
+    }
+
+    /// Whether the run before the one going on has more rows than both its
+    /// neighbours (see DEAR_SLOPES_MIN).
+    fn middle_run_is_widest(&self) -> bool {
+        match (self.older_rows, self.runs[1], self.runs[0]) {
+            (Some(a), Some((b, _)), Some((c, _))) => b > a && b > c,
+            _ => false,
+        }
     }
 
     /// The slope between the run going on and the one before it.
@@ -210,6 +226,30 @@ mod tests {
         }
         let b = c.per_row().unwrap();
         assert!((b - 0.004).abs() < 5e-4, "{b}");
+    }
+
+    #[test]
+    fn two_slopes_price_a_row_only_around_a_wider_batch() {
+        // a plain step, a probe, a plain step: the dearer slope is a clean
+        // one whichever decode was slowed down
+        for slow in [None, Some(0), Some(1), Some(2)] {
+            let mut c = CostModel::default();
+            for (i, rows) in [4, 6, 4].into_iter().enumerate() {
+                let t = 0.030 + 0.001 * rows as f64;
+                c.observe(rows, if slow == Some(i) { 3.0 * t } else { t });
+            }
+            let b = c.dearest_slope().expect("two slopes around the widest run");
+            assert!(b >= 0.001 - 1e-12, "slowed {slow:?}: {b}");
+        }
+        // the middle run the narrowest: slowed down, it lowers both slopes
+        let mut c = CostModel::default();
+        for (i, rows) in [6, 4, 6].into_iter().enumerate() {
+            let t = 0.030 + 0.001 * rows as f64;
+            c.observe(rows, if i == 1 { 3.0 * t } else { t });
+        }
+        assert_eq!(c.dearest_slope(), None);
+        c.observe(4, 0.034);
+        assert!(c.dearest_slope().is_some_and(|b| b >= 0.001 - 1e-12), "{:?}", c.dearest_slope());
     }
 
     #[test]

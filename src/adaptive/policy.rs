@@ -304,8 +304,8 @@ impl AdaptivePolicy {
     /// (`CostModel::per_row`). Before that, where a draft decode is cheap
     /// against a plain step (a big target on a GPU: drafting that does not
     /// pay loses little in the few steps the drafting arm takes to show it),
-    /// the dearest of the first three slopes: drafting then starts two steps
-    /// sooner. Where it is dear (a small target on a CPU) those steps are
+    /// the dearest of the first slopes (`CostModel::dearest_slope`: two
+    /// around the first probe): drafting then starts three steps sooner. Where it is dear (a small target on a CPU) those steps are
     /// worth the wait.
     fn verify_per_row(&self) -> Option<f64> {
         self.verify_cost.per_row().or_else(|| if self.cheap_draft() { self.verify_cost.dearest_slope() } else { None })
@@ -377,10 +377,12 @@ impl AdaptivePolicy {
     /// What a step for `n_seqs` sequences does.
     fn decide(&mut self, n_seqs: usize) -> Plan {
         if !self.yardstick() {
-            // after the first plain step, one probe times a draft decode:
-            // whether the yardstick needs more plain steps
+            // after the first plain step, one probe times a draft decode of
+            // a full block: whether the yardstick needs more plain steps, and
+            // (where it does not) what a batch of full blocks costs at most,
+            // priced proportionally from it before rows have varied
             if self.plain.steps >= 1 && self.probes == 0 {
-                return self.probe(n_seqs, false);
+                return self.probe(n_seqs, true);
             }
             return Plan::Plain;
         }
@@ -783,15 +785,16 @@ mod tests {
     }
 
     #[test]
-    fn where_drafts_are_cheap_drafting_starts_after_two_probes() {
+    fn where_drafts_are_cheap_drafting_starts_after_one_probe() {
         // a plain step (the yardstick: the probe after it shows a draft
-        // decode cheap against it), a probe, a plain step, a probe: three
-        // slopes of the verify cost, the dearest of them nearly free
+        // decode cheap against it), a probe, a plain step: two slopes of the
+        // verify cost around the probe's wider batch, the dearer of them
+        // nearly free
         for n_seqs in [1, 2, 4] {
             let w = gpu(n_seqs, 0.7);
             let mut p = AdaptivePolicy::new(7);
-            let run = w.run(&mut p, 4);
-            assert_eq!((run.plain, run.probes, run.all), (2, 2, 0), "np {n_seqs}: {run:?}");
+            let run = w.run(&mut p, 3);
+            assert_eq!((run.plain, run.probes, run.all), (2, 1, 0), "np {n_seqs}: {run:?}");
             assert_eq!(w.run(&mut p, 1).all, 1, "np {n_seqs}");
         }
         // where a draft decode is dear the yardstick is ARM_MIN_STEPS plain
@@ -804,7 +807,7 @@ mod tests {
                 w.run(&mut p, 1);
                 plans.push(p.plan);
             }
-            let probe = Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 };
+            let probe = Plan::Probe { request: 0, n_max: PROBE_LEN, rows: 7 + 1 };
             let mut expected = vec![Plan::Plain; ARM_MIN_STEPS as usize + 1];
             expected[1] = probe;
             // (the last plan was decided with the yardstick)
@@ -930,8 +933,8 @@ mod tests {
                 plan
             })
             .collect();
-        // the first probe comes after the first plain step
-        assert_eq!(plans, [Plan::Plain, Plan::Probe { request: 0, n_max: PROBE_LEN, rows: PROBE_LEN + 1 }]);
+        // the first probe comes after the first plain step, and decodes a full block
+        assert_eq!(plans, [Plan::Plain, Plan::Probe { request: 0, n_max: PROBE_LEN, rows: 7 + 1 }]);
         // a probe keeps a token at least, whatever the model says
         p.acceptance.observe(&[0.3; 7], 0);
         assert_eq!(p.keep(&[0.3, 0.3]), 2);

@@ -132,7 +132,8 @@ pub struct Engine {
     ngram_branches: usize,
     ngram_acceptance: NgramAcceptance,
     /// How a sampled tree's parents choose their first child.
-    first_child: crate::tree::FirstChild,
+    /// None: by each tree's size (`FirstChild::for_tree`).
+    first_child: Option<crate::tree::FirstChild>,
     /// Scores of candidate draft temperatures, for sampled requests that
     /// leave theirs unset (None: tuning off, they take their temperature).
     draft_temperatures: Option<crate::draft_temperature::DraftTemperatures>,

@@ -27,8 +27,8 @@ use crate::ngram;
 use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::TreeRoom;
 use crate::tree::{
-    Proposals, SampledKey, SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by, merge_branches,
-    raw_key, sample_tree_by,
+    FirstChild, Proposals, SampledKey, SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by,
+    merge_branches, raw_key, sample_tree_by,
 };
 use crate::truncation::DraftQ;
 
@@ -145,6 +145,9 @@ impl Engine {
         }
         let modes =
             chain.iter().zip(&limits).map(|(r, l)| self.mode_of(r, Some(l.n_nodes))).collect::<Result<Vec<Mode>>>()?;
+        // by the request's budget, as q's cut (before the controller's cap)
+        let first_children: Vec<FirstChild> =
+            limits.iter().map(|l| self.first_child.unwrap_or_else(|| FirstChild::for_tree(l.n_nodes))).collect();
         let needed: usize = limits.iter().map(|l| l.n_nodes).sum();
         if room < needed {
             return Err(Error::buffer_too_small(format!(
@@ -231,7 +234,7 @@ impl Engine {
                         lim,
                         n_vocab,
                         DraftQ { t: t_draft, truncation },
-                        self.first_child,
+                        first_children[i],
                         proposals,
                         key,
                         rng,

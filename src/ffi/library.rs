@@ -57,7 +57,9 @@ use crate::params::llama_spec_dflash2_params;
 /// head_bytes_mirrored (appended).
 /// 11: LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH: the target ubatch that keeps
 /// T = 0 verification on a CPU target with an f16/f32 cache identical to
-/// target-only decoding.
+/// target-only decoding. (Defaults since, no ABI change: sampled trees of
+/// more than 15 nodes draw from the whole q and take q's most probable token
+/// as each parent's first child.)
 pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 11;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION

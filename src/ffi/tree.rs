@@ -142,7 +142,8 @@ pub struct llama_spec_dflash2_tree_node {
 /// with the target's probability of them, the siblings after them drawn from
 /// q without them): n-gram branch tokens (params.ngram_branches), each where
 /// its measured acceptance ranks it before the parent's next draw, and with
-/// params.first_child greedy each parent's first child, q's most probable token.
+/// params.first_child greedy each parent's first child, q's most probable token
+/// (by default: in trees of more than 15 nodes, whose q is not cut).
 /// p_min cuts a node's children on its row's temperature-1 confidence, known
 /// before any draw; n_min does not apply (dropping a short sampled tree would
 /// bias it); the adaptive walk sizes the tree (its n_nodes) from the greedy

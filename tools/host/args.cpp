@@ -89,7 +89,7 @@ const char * host_args_usage() {
            "  --temp T (0)  --seed S (0; prompt i uses S + i)  --top-k N --top-p P --min-p P (off; the server's:\n"
            "                40, 0.95, 0.05)  dflash2's sampled drafts: --draft-temp auto|temp|T (auto)\n"
            "  --truncate-q on|off (on: q cut like p for chains and trees of up to 15 nodes)\n"
-           "  --adapt-sampled on|off (on)  --first-child drawn|greedy (drawn)\n"
+           "  --adapt-sampled on|off (on)  --first-child drawn|greedy (greedy in trees of 16+ nodes, else drawn)\n"
            "dflash2's drafter\n"
            "  --draft-graph own|libllama    the library's own forward (default) or libllama's dflash graph\n"
            "  --ngram-branches N            n-gram branches per tree draft (the library's, 2; 0: none)\n"
