@@ -305,8 +305,9 @@ impl AdaptivePolicy {
     /// against a plain step (a big target on a GPU: drafting that does not
     /// pay loses little in the few steps the drafting arm takes to show it),
     /// the dearest of the first slopes (`CostModel::dearest_slope`: two
-    /// around the first probe): drafting then starts three steps sooner. Where it is dear (a small target on a CPU) those steps are
-    /// worth the wait.
+    /// around the first probe): drafting then starts three steps sooner.
+    /// Where it is dear (a small target on a CPU) those steps are worth the
+    /// wait.
     fn verify_per_row(&self) -> Option<f64> {
         self.verify_cost.per_row().or_else(|| if self.cheap_draft() { self.verify_cost.dearest_slope() } else { None })
     }
