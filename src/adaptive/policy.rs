@@ -37,6 +37,10 @@
 //! in other steps would tell the load apart from drafting by chance. For the
 //! same reason the running means weigh their first observations equally, and
 //! time observations count as `SPIKE` times what was expected at most.
+//! Where a draft decode is dear it is bounded by the plain steps measured,
+//! scaled by the load the step's draft decode shows (`charged_plain_seconds`):
+//! there a verify's first drafted row can cost more than the next ones, and
+//! the cost fit's line then makes a plain verify dearer than it is.
 //! Pure bookkeeping: the engine reports what happened (with the time it
 //! happened) and asks; the policy keeps its own clocks.
 
@@ -105,6 +109,9 @@ impl ArmRate {
 #[derive(Clone, Copy, Debug, Default)]
 struct StepParts {
     draft_seconds: f64,
+    /// the draft decode's seconds over what its rows took when the plain
+    /// steps were measured (`draft_at_plain`; 0: not known)
+    draft_load: f64,
     verify: Option<(usize, f64)>,
     drafted: usize,
 }
@@ -179,6 +186,10 @@ pub struct AdaptivePolicy {
     /// plain step), so that the comparison holds while the load changes
     plain: ArmRate,
     drafting: ArmRate,
+    /// the draft decodes' cost model as it stood at the last plain step: a
+    /// draft decode timed against it tells how much slower the machine is
+    /// than when the plain steps were measured
+    draft_at_plain: CostModel,
     /// the plain equivalent of a step, as usual lately
     usual: Mean,
     /// what the current step does
@@ -215,6 +226,7 @@ impl AdaptivePolicy {
             rate: Mean::default(),
             plain: ArmRate::default(),
             drafting: ArmRate::default(),
+            draft_at_plain: CostModel::default(),
             usual: Mean::default(),
             plan: Plan::Plain,
             loss: 0.0,
@@ -267,6 +279,10 @@ impl AdaptivePolicy {
 
     /// The noise-block decode of `rows` rows took `seconds`.
     pub fn draft_decode_seen(&mut self, rows: usize, seconds: f64) {
+        let expected = if self.draft_at_plain.seen() { self.draft_at_plain.predict(rows) } else { 0.0 };
+        if expected > 0.0 {
+            self.parts.draft_load = self.parts.draft_load.max(seconds / expected);
+        }
         self.draft_cost.observe(rows, seconds);
         self.parts.draft_seconds += seconds;
     }
@@ -519,10 +535,35 @@ impl AdaptivePolicy {
         rest
     }
 
+    /// `plain_seconds` for charging a drafting step: at most what the plain
+    /// steps measured took (for as many sequences: per step or per token,
+    /// whichever is dearer), scaled by how much slower its draft decode ran
+    /// than when they were measured. The step's own estimate extrapolates a
+    /// plain verify from the cost fit, and where the first drafted row costs
+    /// more than the next ones (a CPU leaving its one-row path) the fit's line
+    /// makes a plain verify dearer than it is: every probe would be credited
+    /// a gain, and drafts of one token measured faster than the plain steps
+    /// they lose to. Only where a draft decode is dear (a small target on a
+    /// CPU): where it is cheap (a big target on a GPU) drafting that pays is
+    /// worth far more than what such a credit loses, and plain steps measured
+    /// long ago (drafting on since) are a yardstick that slowed-down decodes
+    /// spoil for good.
+    fn charged_plain_seconds(&self, parts: &StepParts, requests: usize, plain_seconds: f64) -> f64 {
+        if parts.draft_seconds <= 0.0 || parts.draft_load <= 0.0 || !self.plain.seconds.seen || self.cheap_draft() {
+            return plain_seconds;
+        }
+        let per_token = self.plain.seconds.value / self.plain.tokens.value.max(1.0);
+        let plain_step = self.plain.seconds.value.max(per_token * requests as f64);
+        plain_seconds.min(plain_step * parts.draft_load.clamp(1.0, OUTLIER))
+    }
+
     /// A whole step: `tokens` gained by all sequences in `seconds` of wall time.
     fn observe_step(&mut self, tokens: usize, seconds: f64) {
         if seconds <= 0.0 {
             return;
+        }
+        if self.plan == Plan::Plain {
+            self.draft_at_plain = self.draft_cost;
         }
         if !self.yardstick() && self.plan == Plan::Plain {
             self.elapsed += seconds;
@@ -556,7 +597,9 @@ impl AdaptivePolicy {
             _ if step.parts.drafted > 0 && !self.verify_cost.settled() => {
                 if self.unpriced.len() < UNPRICED_MAX {
                     self.unpriced.push(step);
-                    let at_least = seconds - self.loss_equivalent(&step, seconds - step.parts.draft_seconds);
+                    let rows_free =
+                        self.charged_plain_seconds(&step.parts, step.requests, seconds - step.parts.draft_seconds);
+                    let at_least = seconds - self.loss_equivalent(&step, rows_free);
                     self.unpriced_loss += at_least.max(0.0);
                 } else {
                     self.charge(step);
@@ -569,7 +612,9 @@ impl AdaptivePolicy {
     /// Charges a drafting step against the loss budget: its seconds less
     /// those of plain steps gaining as much.
     fn charge(&mut self, step: DraftingStep) {
-        let equivalent = self.loss_equivalent(&step, self.plain_seconds(&step.parts, step.seconds));
+        let plain_seconds =
+            self.charged_plain_seconds(&step.parts, step.requests, self.plain_seconds(&step.parts, step.seconds));
+        let equivalent = self.loss_equivalent(&step, plain_seconds);
         self.loss += step.seconds - equivalent;
         if step.plan == Plan::All {
             // speedup: plain-equivalent seconds per second
@@ -609,6 +654,9 @@ mod tests {
         n_max: usize,
         step: f64,
         verify_row: f64,
+        /// a verify batch with drafted rows costs this much more than its
+        /// rows say (a CPU leaving its one-row path for the batched one)
+        verify_jump: f64,
         draft_fixed: f64,
         draft_row: f64,
         p_accept: f64,
@@ -684,7 +732,8 @@ mod tests {
                 }
                 p.draft_done(at(now + step_seconds));
                 let extra: usize = kept.iter().sum();
-                step_seconds += load(self.step + self.verify_row * extra as f64);
+                let jump = if extra > 0 { self.verify_jump } else { 0.0 };
+                step_seconds += load(self.step + jump + self.verify_row * extra as f64);
                 p.verify_seen(at(now + step_seconds), self.n_seqs + extra);
                 for &k in &kept {
                     let mut n_acc = 0;
@@ -717,6 +766,7 @@ mod tests {
             n_max: 7,
             step: 0.008 + 0.002 * n_seqs as f64,
             verify_row: 0.0015,
+            verify_jump: 0.0,
             draft_fixed: 0.002,
             draft_row: 0.0035,
             p_accept,
@@ -767,6 +817,41 @@ mod tests {
                 let ratio = run.rate() / w.plain_rate();
                 assert!(ratio >= 1.0 - 1.5 * LOSS_BUDGET, "np {n_seqs}, p {p_accept}: {ratio:.4} ({run:?})");
                 assert!(run.probes >= 10, "{run:?}");
+            }
+        }
+    }
+
+    /// The demo's prompt on a 2-core CPU (its trace, 2026-12-04): a plain
+    /// step 9.6 ms; drafted rows 3.6 ms each once a batch has any, and the
+    /// first of them 2.3 ms more; a 3-row draft decode 4.6 ms; an easy
+    /// prompt (first tokens accepted three times in four).
+    fn cpu_easy_prompt(p_accept: f64) -> World {
+        World {
+            step: 0.0096,
+            verify_row: 0.0036,
+            verify_jump: 0.0023,
+            draft_fixed: 0.0040,
+            draft_row: 0.0002,
+            ..cpu(1, p_accept)
+        }
+    }
+
+    #[test]
+    fn where_the_first_drafted_row_is_dearest_drafting_is_charged_what_it_loses() {
+        // a verify fit from batches of 1 to 3 rows puts a row between the
+        // first drafted row's cost and the next ones': a plain verify
+        // extrapolated from a drafting step's own verify reads dearer than the
+        // plain steps measured, and drafts of one token were measured faster
+        // than plain steps (0.947 of plain at p 0.85, drafting for all every
+        // other step); charged against the plain steps measured, they are not
+        for p_accept in [0.5, 0.75, 0.85, 0.95] {
+            for (jump, row) in [(0.0, 0.0036), (0.002, 0.002), (0.0023, 0.0036), (0.008, 0.006)] {
+                let w = World { verify_jump: jump, verify_row: row, ..cpu_easy_prompt(p_accept) };
+                let mut p = AdaptivePolicy::new(7);
+                w.run(&mut p, 128);
+                let run = w.run(&mut p, 5000);
+                let ratio = run.rate() / w.plain_rate();
+                assert!(ratio >= 1.0 - 1.5 * LOSS_BUDGET, "p {p_accept}, jump {jump}, row {row}: {ratio:.4} ({run:?})");
             }
         }
     }
@@ -903,7 +988,7 @@ mod tests {
         p.step_requests = 1;
         // a plain step would have taken 10 ms: 3 ms of draft decode and 2 ms of
         // verify rows more (a third of a 3-row verify of 6 ms)
-        p.parts = StepParts { draft_seconds: 0.003, verify: Some((3, 0.006)), drafted: 0 };
+        p.parts = StepParts { draft_seconds: 0.003, draft_load: 0.0, verify: Some((3, 0.006)), drafted: 0 };
         assert_eq!(p.keep(&[0.5, 0.5]), 2);
         // this one was unlucky: nothing accepted, 15 ms where a plain step takes 10
         p.accepted(&[0.5, 0.5], 0);
@@ -1020,7 +1105,8 @@ mod tests {
         // 3 of them accepted)
         let drafting = |p: &mut AdaptivePolicy, tokens: usize, seconds: f64| {
             p.plan = Plan::All;
-            p.parts = StepParts { draft_seconds: seconds - 0.022, verify: Some((8, 0.010)), drafted: 7 };
+            p.parts =
+                StepParts { draft_seconds: seconds - 0.022, draft_load: 0.0, verify: Some((8, 0.010)), drafted: 7 };
             p.observe_step(tokens, seconds);
         };
         for _ in 0..ARM_MIN_STEPS {
