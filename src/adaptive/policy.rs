@@ -873,14 +873,14 @@ mod tests {
     #[test]
     fn where_drafts_are_cheap_drafting_starts_after_one_probe() {
         // a plain step (the yardstick: the probe after it shows a draft
-        // decode cheap against it), a probe, a plain step: two slopes of the
-        // verify cost around the probe's wider batch, the dearer of them
-        // nearly free
+        // decode cheap against it), a probe: the slope of the verify cost into
+        // the probe's wider batch nearly free, drafting for all from the third
+        // step on
         for n_seqs in [1, 2, 4] {
             let w = gpu(n_seqs, 0.7);
             let mut p = AdaptivePolicy::new(7);
-            let run = w.run(&mut p, 3);
-            assert_eq!((run.plain, run.probes, run.all), (2, 1, 0), "np {n_seqs}: {run:?}");
+            let run = w.run(&mut p, 2);
+            assert_eq!((run.plain, run.probes, run.all), (1, 1, 0), "np {n_seqs}: {run:?}");
             assert_eq!(w.run(&mut p, 1).all, 1, "np {n_seqs}");
         }
         // where a draft decode is dear the yardstick is ARM_MIN_STEPS plain
