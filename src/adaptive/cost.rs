@@ -13,11 +13,7 @@ const SLOPE_MIN: u32 = 5;
 /// the middle of their three runs has the most rows (a plain step, a probe,
 /// a plain step): a slowed-down decode there raises both slopes, one at
 /// either end lowers only its own, so the dearer of the two is at least a
-/// clean one. The first slope alone does where it goes to a wider batch (a
-/// plain step, then a probe): a slowed-down probe raises it, a slowed-down
-/// plain step lowers it, and that one risk is taken where a draft decode is
-/// cheap (the policy's choice): one step of drafting for every sequence at
-/// most, whose own verify gives the next slope.
+/// clean one.
 const DEAR_SLOPES_MIN: usize = 3;
 
 /// A time against a row count as a + b * rows. The level is a running mean;
@@ -106,13 +102,7 @@ impl CostModel {
         if len >= SLOPE_MIN as usize {
             self.slope = Some(median(&sorted[..len]).max(0.0));
         }
-        // once known it follows every slope seen
-        let known = self.dearest.is_some() && len >= 1;
-        if known
-            || len >= DEAR_SLOPES_MIN
-            || (len == 2 && self.middle_run_is_widest())
-            || (len == 1 && self.newest_run_is_wider())
-        {
+        if len >= DEAR_SLOPES_MIN || (len == 2 && self.middle_run_is_widest()) {
             self.dearest = Some(sorted[len - 1].max(0.0));
         }
         self.count += 1.0;
@@ -127,11 +117,6 @@ impl CostModel {
             (Some(a), Some((b, _)), Some((c, _))) => b > a && b > c,
             _ => false,
         }
-    }
-
-    /// Whether the run going on has more rows than the one before it.
-    fn newest_run_is_wider(&self) -> bool {
-        matches!((self.runs[1], self.runs[0]), (Some((a, _)), Some((b, _))) if b > a)
     }
 
     /// The slope between the run going on and the one before it.
@@ -265,31 +250,6 @@ mod tests {
         assert_eq!(c.dearest_slope(), None);
         c.observe(4, 0.034);
         assert!(c.dearest_slope().is_some_and(|b| b >= 0.001 - 1e-12), "{:?}", c.dearest_slope());
-    }
-
-    #[test]
-    fn the_first_slope_prices_a_row_only_into_a_wider_batch() {
-        // a plain step, then a probe: known, and a slowed-down probe only
-        // makes the row dearer
-        for slow in [1.0, 3.0] {
-            let mut c = CostModel::default();
-            c.observe(4, 0.034);
-            assert_eq!(c.dearest_slope(), None);
-            c.observe(6, slow * 0.036);
-            assert!(c.dearest_slope().is_some_and(|b| b >= 0.001 - 1e-12), "{:?}", c.dearest_slope());
-        }
-        // into a narrower batch: not known
-        let mut c = CostModel::default();
-        c.observe(6, 0.036);
-        c.observe(4, 0.034);
-        assert_eq!(c.dearest_slope(), None);
-        // once known, it follows the next slopes: a dear batch of drafts for
-        // all makes it dear
-        let mut c = CostModel::default();
-        c.observe(4, 0.034);
-        c.observe(6, 0.036);
-        c.observe(32, 0.036 + 26.0 * 0.004);
-        assert!(c.dearest_slope().is_some_and(|b| (b - 0.004).abs() < 1e-9), "{:?}", c.dearest_slope());
     }
 
     #[test]

@@ -671,6 +671,9 @@ mod tests {
         drift: f64,
         /// another stream of acceptance draws and spikes
         seed: u64,
+        /// the first step's decodes take this many times longer (a first
+        /// decode after the prompt's, slowed down)
+        first_slowdown: f64,
     }
 
     #[derive(Debug, Default)]
@@ -704,6 +707,7 @@ mod tests {
             let mut run = Run::default();
             for step in 0..steps {
                 let drift = if step >= self.drift_after { self.drift } else { 1.0 };
+                let drift = if step == 0 { drift * self.first_slowdown } else { drift };
                 let mut load = |x: f64| {
                     let spiked = if self.p_spike > 0.0 && uniform() < self.p_spike { self.spike } else { 1.0 };
                     x * drift * spiked
@@ -776,6 +780,7 @@ mod tests {
             drift_after: usize::MAX,
             drift: 1.0,
             seed: 0,
+            first_slowdown: 1.0,
         }
     }
 
@@ -873,14 +878,14 @@ mod tests {
     #[test]
     fn where_drafts_are_cheap_drafting_starts_after_one_probe() {
         // a plain step (the yardstick: the probe after it shows a draft
-        // decode cheap against it), a probe: the slope of the verify cost into
-        // the probe's wider batch nearly free, drafting for all from the third
-        // step on
+        // decode cheap against it), a probe, a plain step: two slopes of the
+        // verify cost around the probe's wider batch, the dearer of them
+        // nearly free
         for n_seqs in [1, 2, 4] {
             let w = gpu(n_seqs, 0.7);
             let mut p = AdaptivePolicy::new(7);
-            let run = w.run(&mut p, 2);
-            assert_eq!((run.plain, run.probes, run.all), (1, 1, 0), "np {n_seqs}: {run:?}");
+            let run = w.run(&mut p, 3);
+            assert_eq!((run.plain, run.probes, run.all), (2, 1, 0), "np {n_seqs}: {run:?}");
             assert_eq!(w.run(&mut p, 1).all, 1, "np {n_seqs}");
         }
         // where a draft decode is dear the yardstick is ARM_MIN_STEPS plain
@@ -916,6 +921,27 @@ mod tests {
         };
         assert!(with_draft(0.001).is_some_and(|b| (b - 0.005).abs() < 1e-9));
         assert_eq!(with_draft(0.008), None, "a small target on a CPU waits for five");
+    }
+
+    #[test]
+    fn a_slowed_down_first_step_does_not_start_drafting_where_rows_are_dear() {
+        // drafts cheap against a step but rows dear (two thirds of a step each,
+        // a big target on a small CPU), and the first plain step slowed down
+        // threefold: the slope from it into the probe's wider batch reads rows
+        // free. Pricing a row by that slope alone (drafting from the third
+        // step) drafted full trees for all once: 0.87 of plain at np 4, 0.94
+        // with those drafts cut to three tokens. The dearer of the two slopes
+        // around the probe is a clean one.
+        for n_seqs in [1, 2, 4] {
+            let w = World { verify_row: 0.020, first_slowdown: 3.0, ..gpu(n_seqs, 0.5) };
+            let mut p = AdaptivePolicy::new(7);
+            let steps = 128;
+            let run = w.run(&mut p, steps);
+            // plain steps would have lost the slowed-down first step too
+            let plain_seconds = (steps as f64 + w.first_slowdown - 1.0) * w.step;
+            let ratio = run.rate() / (n_seqs * steps) as f64 * plain_seconds;
+            assert!(ratio >= 0.97, "np {n_seqs}: {ratio:.3} of plain ({run:?})");
+        }
     }
 
     #[test]
