@@ -483,8 +483,10 @@ def compare_probs(ref, spec, prompts):
 
 def test_drafted_tokens_carry_the_probabilities_of_a_plain_step():
     # with the trained drafter when there is one (a generated drafter's drafts are
-    # rarely accepted, and then no drafted token would be checked)
-    drafter = ["-md", ARGS.trained_draft or ARGS.draft, "--spec-type", "draft-dflash"]
+    # rarely accepted, and then no drafted token would be checked), drafting every
+    # step (the default controller drafts where it pays: on this CPU, a probe now
+    # and then, which two prompts may not accept once)
+    drafter = ["-md", ARGS.trained_draft or ARGS.draft, "--spec-type", "draft-dflash"] + GREEDY
     accepted = []
     with_servers(("reference", ["-np", "1", "-c", "2048"]), ("dflash2", ["-np", "1", "-c", "2048"] + drafter))(
         lambda ref, spec: accepted.append(compare_probs(ref, spec, PROMPTS[:2])))()
