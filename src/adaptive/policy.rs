@@ -548,12 +548,13 @@ impl AdaptivePolicy {
     /// worth far more than what such a credit loses, and plain steps measured
     /// long ago (drafting on since) are a yardstick that slowed-down decodes
     /// spoil for good.
-    fn charged_plain_seconds(&self, parts: &StepParts, requests: usize, plain_seconds: f64) -> f64 {
+    fn charged_plain_seconds(&self, step: &DraftingStep, plain_seconds: f64) -> f64 {
+        let parts = &step.parts;
         if parts.draft_seconds <= 0.0 || parts.draft_load <= 0.0 || !self.plain.seconds.seen || self.cheap_draft() {
             return plain_seconds;
         }
         let per_token = self.plain.seconds.value / self.plain.tokens.value.max(1.0);
-        let plain_step = self.plain.seconds.value.max(per_token * requests as f64);
+        let plain_step = self.plain.seconds.value.max(per_token * step.requests as f64);
         plain_seconds.min(plain_step * parts.draft_load.clamp(1.0, OUTLIER))
     }
 
@@ -597,8 +598,7 @@ impl AdaptivePolicy {
             _ if step.parts.drafted > 0 && !self.verify_cost.settled() => {
                 if self.unpriced.len() < UNPRICED_MAX {
                     self.unpriced.push(step);
-                    let rows_free =
-                        self.charged_plain_seconds(&step.parts, step.requests, seconds - step.parts.draft_seconds);
+                    let rows_free = self.charged_plain_seconds(&step, seconds - step.parts.draft_seconds);
                     let at_least = seconds - self.loss_equivalent(&step, rows_free);
                     self.unpriced_loss += at_least.max(0.0);
                 } else {
@@ -612,8 +612,7 @@ impl AdaptivePolicy {
     /// Charges a drafting step against the loss budget: its seconds less
     /// those of plain steps gaining as much.
     fn charge(&mut self, step: DraftingStep) {
-        let plain_seconds =
-            self.charged_plain_seconds(&step.parts, step.requests, self.plain_seconds(&step.parts, step.seconds));
+        let plain_seconds = self.charged_plain_seconds(&step, self.plain_seconds(&step.parts, step.seconds));
         let equivalent = self.loss_equivalent(&step, plain_seconds);
         self.loss += step.seconds - equivalent;
         if step.plan == Plan::All {
