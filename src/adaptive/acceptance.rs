@@ -8,13 +8,13 @@ const BINS: usize = 10;
 /// Posterior standard deviations an optimistic estimate adds. Cutting drafts
 /// by the posterior mean, a position whose first trials were rejected is
 /// priced below its rows and never drafted again, so never observed again.
-/// Simulated (`AdaptivePolicy`'s tests: a CPU whose verify rows cost a fifth
-/// to a third of a step, 8 seeds x 5000 steps), where six-token drafts would
-/// pay 1.50x (acceptance 0.85) the mean cut ran at 0.9985x plain in the worst
-/// seed, 1.34x on average; with one more token where its optimistic estimate
-/// pays (`AdaptivePolicy::keep`), 1.44x at worst, 1.49x on average, and where
-/// drafting cannot pay 0.995x at worst as before. One to two deviations give
-/// the same figures within 0.02x (after two rejections: 0.44 to 0.63).
+/// Simulated (`AdaptivePolicy`'s tests: a CPU whose verify rows cost a third
+/// of a step, acceptance 0.95, 9 seeds x 5000 steps), where seven-token
+/// drafts would pay 1.51x the mean cut drafted two and ran at 1.10-1.11x
+/// plain; with one token more where its optimistic estimate pays
+/// (`AdaptivePolicy::keep`, when drafting for all), 1.50-1.53x. One to two
+/// deviations gave the same figures within 0.02x in these worlds (after two
+/// rejections: 0.44 to 0.63).
 const OPTIMISM: f64 = 1.5;
 
 /// The Beta(1, 1) posterior mean of (reached, accepted).
@@ -87,9 +87,13 @@ impl AcceptanceModel {
     /// A typical draft of `n` positions cut where a token stops paying `price`
     /// rows: (expected accepted tokens, tokens kept).
     pub fn expected_chain(&self, n: usize, price: f64) -> (f64, usize) {
+        self.expected_chain_by(n, price, |m| self.p_position(m))
+    }
+
+    fn expected_chain_by(&self, n: usize, price: f64, p: impl Fn(usize) -> f64) -> (f64, usize) {
         let (mut reach, mut gain, mut kept) = (1.0, 0.0, 0);
         for m in 0..n {
-            reach *= self.p_position(m);
+            reach *= p(m);
             if reach < price {
                 break;
             }
