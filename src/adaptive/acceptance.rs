@@ -87,13 +87,9 @@ impl AcceptanceModel {
     /// A typical draft of `n` positions cut where a token stops paying `price`
     /// rows: (expected accepted tokens, tokens kept).
     pub fn expected_chain(&self, n: usize, price: f64) -> (f64, usize) {
-        self.expected_chain_by(n, price, |m| self.p_position(m))
-    }
-
-    fn expected_chain_by(&self, n: usize, price: f64, p: impl Fn(usize) -> f64) -> (f64, usize) {
         let (mut reach, mut gain, mut kept) = (1.0, 0.0, 0);
         for m in 0..n {
-            reach *= p(m);
+            reach *= self.p_position(m);
             if reach < price {
                 break;
             }

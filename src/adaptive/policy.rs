@@ -205,12 +205,6 @@ pub struct AdaptivePolicy {
     unpriced_loss: f64,
     /// the request the next probe drafts for (in turn)
     probes: usize,
-    /// this step's drafts keep one token past the cut where its optimistic
-    /// estimate pays (`keep`): in drafting steps for all only. In probes too,
-    /// a real CPU run at np 1 (probes only) drafted 75-207 tokens, 17-39
-    /// accepted, where the mean cut drafted 33-39, 10 accepted: 0.89-0.96x
-    /// target-only in some repetitions, against 0.97-0.98x
-    explore: bool,
     /// when the current step began (its draft call) and when its draft was handed out
     step_start: Option<Instant>,
     draft_end: Option<Instant>,
@@ -240,7 +234,6 @@ impl AdaptivePolicy {
             unpriced: Vec::new(),
             unpriced_loss: 0.0,
             probes: 0,
-            explore: false,
             step_start: None,
             draft_end: None,
             step_tokens: 0,
@@ -261,7 +254,6 @@ impl AdaptivePolicy {
         self.step_requests = n_requests;
         self.parts = StepParts::default();
         self.plan = self.decide(n_requests);
-        self.explore = self.plan == Plan::All;
         if trace_policy() {
             eprintln!(
                 "TRACE plan {:?} net {:?} loss {:.4} elapsed {:.3} rate {:.1} plain {:?} drafting {:?} dcost n {:.1} t {:.4} slope {:?} vslope {:?} p0 {:.2} p1 {:.2} p2 {:.2} obs {}",
@@ -458,6 +450,15 @@ impl AdaptivePolicy {
         self.drafting.rate().is_some_and(|speedup| speedup < 1.0)
     }
 
+    /// This step's drafts keep one token past the cut where its optimistic
+    /// estimate pays (`keep`): in drafting steps for all only. In probes too,
+    /// a real CPU run at np 1 (probes only) drafted 75-207 tokens, 17-39
+    /// accepted, where the mean cut drafted 33-39, 10 accepted: 0.89-0.96x
+    /// target-only in some repetitions, against 0.97-0.98x.
+    fn explores(&self) -> bool {
+        self.plan == Plan::All
+    }
+
     /// How many tokens of a walked draft to keep, given the lattice softmax of
     /// each pick: keep token m while P(tokens 1..m accepted) >= rho * b, by
     /// the measured acceptance; then, when drafting for all, one token more
@@ -472,7 +473,7 @@ impl AdaptivePolicy {
         for (m, &c) in confidences.iter().enumerate() {
             let p = self.acceptance.p_accept(m, c);
             if reach * p < price {
-                if self.explore && reach * self.acceptance.p_accept_optimistic(m, c) >= price {
+                if self.explores() && reach * self.acceptance.p_accept_optimistic(m, c) >= price {
                     kept = m + 1;
                 }
                 break;
@@ -519,7 +520,7 @@ impl AdaptivePolicy {
         }
         // the next node where it pays by its optimistic estimate, as a chain's
         // frontier token (`keep`)
-        if let Some(next) = tree.nodes().get(best_k).filter(|n| self.explore && n.in_lattice()) {
+        if let Some(next) = tree.nodes().get(best_k).filter(|n| self.explores() && n.in_lattice()) {
             let parent = next.parent().map_or(1.0, |p| reach[p]);
             let optimistic = self.acceptance.p_accept_optimistic(next.depth - 1, next.prob);
             if parent * optimistic.max(branch_p(next)) >= price {
@@ -895,7 +896,7 @@ mod tests {
         // first-row jump, 1.35-1.38x), 1.50-1.61x with the frontier. Not fixed:
         // where the trapped position keeps drafting off (acceptance 0.85, rows
         // a fifth of a step, 1.49x at best: one-token probes only, 0.997x),
-        // as probes do not explore (`AdaptivePolicy::explore`)
+        // as probes do not explore (`AdaptivePolicy::explores`)
         for (p_accept, jump, row) in [(0.95, 0.0023, 0.0036), (0.95, 0.0, 0.0036)] {
             let w = World { verify_jump: jump, verify_row: row, ..cpu_easy_prompt(p_accept) };
             // the best fixed draft length (every step a full block)
@@ -1173,7 +1174,7 @@ mod tests {
         // rows at 0.3 tokens; the first position accepted 102 times in 102, the
         // second rejected twice: 0.25 by its trials, 0.54 optimistic
         let mut p = warmed(50.0, 0.006, 0.002);
-        p.explore = true; // as in a drafting step for all
+        p.plan = Plan::All; // a drafting step for all explores
         for _ in 0..100 {
             p.acceptance.observe(&[0.9], 1);
         }
