@@ -293,8 +293,8 @@ impl AdaptivePolicy {
     /// is mostly a fixed cost, and a probe's narrow block priced so beside
     /// the first probe's full one read 1.25-1.7 times slower than it was on
     /// an unchanged machine (the demo: every step a probe, each credited a
-    /// gain, 0.72x target-only). None before a slope, unless every decode
-    /// then had these rows.
+    /// gain, 0.72x target-only). None before a slope, unless the decodes
+    /// then had these rows on average.
     fn draft_at_plain_predict(&self, rows: usize) -> Option<f64> {
         let then = &self.draft_at_plain;
         if !then.seen() {
@@ -680,11 +680,7 @@ impl AdaptivePolicy {
                 step.parts.drafted
             );
         }
-        let lost = step.seconds - equivalent;
-        // where a draft decode is dear, probes charged about even by an
-        // estimate a few percent off would run on every step and lose those
-        // few percent (the demo: 41 probes in a row, 0.91x target-only)
-        self.loss += if matches!(step.plan, Plan::Probe { .. }) && !self.cheap_draft() { lost.max(0.0) } else { lost };
+        self.loss += step.seconds - equivalent;
         if step.plan == Plan::All {
             // speedup: plain-equivalent seconds per second
             self.drafting.add(equivalent, step.seconds);
@@ -696,9 +692,12 @@ impl AdaptivePolicy {
     /// where a draft decode is cheap: what it was expected to gain, not what
     /// it happened to (one unlucky probe must not hold off the next for long
     /// where drafting pays; the acceptance model has seen this probe
-    /// already). Where it is dear, what it gained: the model counts every
-    /// trial since the start and lags a prompt whose easy start is behind
-    /// it, and probes there are rare anyway (`charge`: nor are they credited).
+    /// already). Where it is dear, what it gained, and never more than its
+    /// own time (no credit): the model counts every trial since the start
+    /// and lags a prompt whose easy start is behind it, and probes charged
+    /// about even by an estimate a few percent off would run on every step
+    /// and lose those few percent (the demo: 41 probes in a row, 0.91x
+    /// target-only).
     fn loss_equivalent(&self, step: &DraftingStep, plain_seconds: f64) -> f64 {
         // a plain step gains one token per requesting sequence
         let per_token = plain_seconds / step.requests.max(1) as f64;
@@ -708,7 +707,7 @@ impl AdaptivePolicy {
             Plan::Probe { .. } if self.cheap_draft() => {
                 (step.requests as f64 + self.acceptance.expected_accepted(step.parts.drafted)) * per_token
             }
-            Plan::Probe { .. } => step.tokens as f64 * per_token,
+            Plan::Probe { .. } => (step.tokens as f64 * per_token).min(step.seconds),
         }
     }
 }
