@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 /// Must match PIN_VERSION / RECIPE in scripts/llama-cpp.sh.
 const PIN_VERSION: &str = "0.3.36";
-const RECIPE: &str = "2";
+const RECIPE: &str = "3";
 
 fn default_prefix() -> Option<PathBuf> {
     let cache = match env::var_os("DFLASH2_CACHE") {

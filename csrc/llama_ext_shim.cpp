@@ -120,6 +120,29 @@ int32_t dflash2_shim_model_tensors(const llama_model * model, const char * name,
     }
 }
 
+// The model's tensor number i in its order, its name into *name; NULL past the
+// last one or when this libllama does not export its tensor list (as above).
+ggml_tensor * dflash2_shim_model_tensor_at(const llama_model * model, int32_t i, const char ** name) {
+    using tensor_map_t = const std::vector<std::pair<std::string, ggml_tensor *>> & (*)(const llama_model *);
+    static const tensor_map_t tensor_map =
+        (tensor_map_t) dlsym(RTLD_DEFAULT, "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model");
+    if (!tensor_map || !model || i < 0) {
+        return nullptr;
+    }
+    try {
+        const auto & map = tensor_map(model);
+        if ((size_t) i >= map.size()) {
+            return nullptr;
+        }
+        if (name) {
+            *name = map[i].first.c_str();
+        }
+        return map[i].second;
+    } catch (...) {
+        return nullptr;
+    }
+}
+
 // Bytes the context holds in the buffer types of device `dev` (NULL: of every
 // device): its model's weights, its memory (KV cache) and its compute buffers,
 // as llama_get_memory_breakdown reports them. False when libllama throws.

@@ -643,6 +643,127 @@ def image_chat(server, text):
     return server.request("POST", "/v1/chat/completions", body, timeout=1800)["choices"][0]["message"]["content"]
 
 
+# ------------------------------------------------- -sm tensor chat (issue 43)
+
+CHAT_PROMPTS_FILE = os.path.join(ROOT, "tools", "prompts", "chat-varied.txt")
+# a chat client's request: the template applied by the server, its prompt cache on
+CHAT_BODY = {"temperature": 0, "max_tokens": 24}
+POISON = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1] + "/libggml-rpc.so")
+base = ctypes.CDLL(sys.argv[1] + "/libggml-base.so")
+lib.ggml_backend_rpc_buffer_type.restype = ctypes.c_void_p
+lib.ggml_backend_rpc_buffer_type.argtypes = [ctypes.c_char_p, ctypes.c_uint32]
+base.ggml_backend_buft_alloc_buffer.restype = ctypes.c_void_p
+base.ggml_backend_buft_alloc_buffer.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+base.ggml_backend_buffer_clear.argtypes = [ctypes.c_void_p, ctypes.c_uint8]
+base.ggml_backend_buffer_free.argtypes = [ctypes.c_void_p]
+for endpoint in sys.argv[2:]:
+    buft = lib.ggml_backend_rpc_buffer_type(endpoint.encode(), 0)
+    for _ in range(2):
+        big = base.ggml_backend_buft_alloc_buffer(buft, 32 << 20)
+        assert big, "alloc"
+        base.ggml_backend_buffer_free(big)
+        bufs = [base.ggml_backend_buft_alloc_buffer(buft, 8 << 20) for _ in range(16)]
+        assert all(bufs), "alloc"
+        for b in bufs:
+            base.ggml_backend_buffer_clear(b, 0xff)
+        for b in bufs:
+            base.ggml_backend_buffer_free(b)
+"""
+
+
+def poison(rpc):
+    """Fills each RPC server's reusable memory with NaN bytes (in a process of its own,
+    which then leaves: an RPC server serves one client at a time): what a server that
+    served another client before holds. A target that reads memory nothing wrote
+    answers "....." after this (issue 43)."""
+    lib = os.path.join(os.path.dirname(os.path.dirname(ARGS.rpc_server)), "lib")
+    subprocess.check_call([sys.executable, "-c", POISON, lib] + [s.endpoint for s in rpc.servers], timeout=120)
+
+
+def chat_client(server, prompt):
+    body = {"messages": [{"role": "user", "content": prompt}], **CHAT_BODY}
+    res = server.request("POST", "/v1/chat/completions", body, timeout=1800)
+    return res["choices"][0]["message"]["content"]
+
+
+def chat_flags(placement):
+    """llama-server's flags of a placement; a CPU share of -sm tensor is the target's
+    layers past -ngl (llama-server's -dev takes no CPU device)."""
+    f = ["-ngl", str(placement.ngl if placement.ngl is not None else 99), "-sm", placement.sm]
+    return f + (["-dev", placement.target] if placement.target and "CPU" not in placement.target.split(",") else [])
+
+
+def tensor_chat(placement, rpc, configs):
+    """llama-server split by tensor, as issue 43 ran it: no drafter, then dflash2 in each
+    of `configs` ((name, np, extra flags)), one after another on the same RPC servers,
+    each started after the servers' memory was filled with NaN bytes; the chat prompts
+    sent by a chat client (the template applied, the prompt cache on), at np 4 also
+    four at once. Every answer must equal the no-drafter server's."""
+    prompts = [l.strip() for l in open(CHAT_PROMPTS_FILE) if l.strip()]
+
+    def serve(name, np_, extra):
+        # one unified KV cache everywhere: the slots' trees need it, and the reference decodes on the same
+        args = rpc.flag() + chat_flags(placement) + ["-c", str(2048 * np_), "-np", str(np_), "-kvu"] + extra
+        poison(rpc)
+        server = start(name, args, placement)
+        try:
+            server.wait_ready(timeout=900)
+            answers = [chat_client(server, p) for p in prompts]
+            together = []
+            if np_ > 1:
+                with concurrent.futures.ThreadPoolExecutor(np_) as pool:
+                    together = list(pool.map(lambda p: chat_client(server, p), prompts[:np_]))
+            tau = slots_tau(server, np_) if extra else (0.0, 0, 0)
+            log = server.log_text()
+        finally:
+            code = stop_all([server])[name]
+        check(f"server {placement.name} {name} exit", code == 0, f"{code}\n{server.log_tail()}")
+        return answers, together, tau, log
+
+    want, _, _, _ = serve("reference", 1, [])
+    dots = [a for a in want if a and set(a) <= {".", " "}]
+    check(f"server {placement.name} reference answers", not dots, f"{len(dots)} answers of dots: {want}")
+    for name, np_, extra in configs:
+        spec = ["-md", ARGS.draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"] + extra
+        got, together, (tau, acc, drafted), log = serve(f"dflash2-{name}-np{np_}".replace(" ", ""), np_, spec)
+        same = sum(g == w for g, w in zip(got, want)) + sum(g == w for g, w in zip(together, want))
+        n = len(got) + len(together)
+        for p, g, w in zip(prompts + prompts[:np_], got + together, want + want[:np_]):
+            check(f"server {placement.name} {name} np {np_} identical", g == w,
+                  f"{p[:60]!r}:\n  dflash2:   {g!r}\n  reference: {w!r}")
+        if "greedy" in name:
+            # the greedy walk drafts every step (the controller may draft little on this CPU)
+            check(f"server {placement.name} {name} np {np_} drafts", acc > 0 and drafted > 0, f"{acc}/{drafted}")
+        filled = "fills those devices' partial results with 0" in log
+        row(placement=placement.name + " (chat)", face="server", np=np_, mode=name, temp=0.0,
+            identical=f"{same}/{n}", tau=round(tau, 3), tok_s="-", accepted=f"{acc}/{drafted}", errors="-",
+            note="empty slices filled with 0 (meta-zero-fill)" if filled else "")
+
+
+def tensor_chat_library(placement, rpc, nps):
+    """The same chat prompts through the library (dflash2-bench) on the placement:
+    target-only, the greedy chain and the controller, at each np; NaN bytes first."""
+    poison(rpc)
+    extra = ["--np", ",".join(map(str, nps)), "--modes", "ar,dflash2,dflash2-auto", "--n-predict", "24",
+             "-ub", "512"]
+    name = f"{placement.name}-chat".replace(" ", "_").replace("/", "_")
+    code, res, text = run_bench(placement, rpc, extra, name, CHAT_PROMPTS_FILE)
+    if not check(f"library {placement.name} chat", code == 0, f"dflash2-bench exited {code}:\n{text[-1500:]}"):
+        return
+    for np_ in nps:
+        for mode in ("dflash2", "dflash2-auto"):
+            r = res[(np_, mode)]
+            same = identical(r)
+            check(f"library {placement.name} chat np {np_} {mode} identical",
+                  same.split("/")[0] == same.split("/")[1], same)
+            row(placement=placement.name + " (chat)", face="library", np=np_, mode=mode, temp=0.0, identical=same,
+                tau=round(r["tau"], 3), tok_s=round(r["tokens_per_s"]["median"], 2),
+                ar_tok_s=round(res[(np_, "ar")]["tokens_per_s"]["median"], 2),
+                accepted=f"{r['accepted']}/{r['drafted']}", errors="-", note="")
+
+
 # ------------------------------------------------------------------ placements
 
 def cpu():
@@ -666,6 +787,13 @@ def tensor_cpu_placement():
     # the library only: llama-server's -dev takes no CPU device ("invalid device: CPU")
     return Placement("rpc2+cpu -sm tensor", "rpc", 2, "RPC0,RPC1,CPU", sm="tensor",
                      note="target split by tensor over two RPC nodes and the CPU")
+
+
+def tensor_cpu_server_placement():
+    # llama-server's -dev takes no CPU device: the CPU's part is the target's last
+    # layers (-ngl 20 of 30), the rest split by tensor over the two nodes
+    return Placement("rpc2 -sm tensor + cpu layers", "rpc", 2, "RPC0,RPC1,CPU", sm="tensor", ngl=20,
+                     note="20 layers split by tensor over two RPC nodes, 10 on the CPU")
 
 
 def fixture_pair():
@@ -822,6 +950,17 @@ def main():
     run_step(f"server {tp.name} np 1", with_rpc, tp, server_rows, 2, n_predict)
     run_step(f"server {tp.name} np 4 trees", with_rpc, tp, server_rows, 2, n_predict, np_=4, tree=7, sampled=True)
     run_step(f"server {tp.name} T=0.8 distribution", with_rpc, tp, tensor_split_distribution)
+    # issue 43: chat requests on NaN-filled RPC memory, the server against its no-drafter twin
+    # (the controller with trees: the default; chains: --spec-dflash2-tree 0; the greedy walk
+    # drafts every step, chains and 15-node trees)
+    greedy = ["--spec-dflash2-walk", "greedy"]
+    chat_configs = [(walk, np_, extra) for np_ in (1, 4) for walk, extra in (
+        ("controller", []), ("chains", ["--spec-dflash2-tree", "0"]),
+        ("greedy chains", greedy + ["--spec-dflash2-tree", "0"]), ("greedy trees", greedy + ["--spec-dflash2-tree", "15"]))]
+    for p in (tp, tensor_cpu_server_placement()):
+        run_step(f"server {p.name} chat", with_rpc, p, tensor_chat, chat_configs)
+    for p in (tp, tc):
+        run_step(f"library {p.name} chat", with_rpc, p, tensor_chat_library, [1, 4])
     run_step("upstream with the drafter off the head", upstream_vs_dflash2_drafter_off_the_head)
     run_step("fault: RPC killed under the server", fault_rpc_killed_under_the_server)
     run_step("fault: RPC killed under the library", fault_rpc_killed_under_the_library)

@@ -25,6 +25,7 @@
 #   DFLASH2_LLAMA_BACKENDS the same as --backends (the flag wins); every script that calls
 #                         this one (install, server, tools, tests) follows it.
 set -euo pipefail
+SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 PIN_PACKAGE=llama-cpp-python
 PIN_VERSION=0.3.36
@@ -32,7 +33,9 @@ PIN_SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 
 # Bump RECIPE when the flags below change: it keys the cached build.
 # r2: ggml's RPC backend (GGML_RPC) and its server in every build.
-RECIPE=2
+# r3: the tree carries scripts/ggml-fixes.py (meta-zero-fill: -sm tensor's empty
+#     slices filled with 0 instead of NaN-keeping scale-by-0).
+RECIPE=3
 CMAKE_FLAGS=(
     -DCMAKE_BUILD_TYPE=Release
     -DBUILD_SHARED_LIBS=ON
@@ -233,6 +236,7 @@ build_install() {
     start=$(date +%s)
     log "building llama.cpp $PIN_VERSION into $prefix ($jobs jobs)"
     rm -rf "$build" "$prefix"
+    python3 "$SCRIPTS_DIR/ggml-fixes.py" "$src"
     local generator=()
     command -v ninja >/dev/null && generator=(-G Ninja)
     if [ "$VULKAN" = 1 ]; then
@@ -254,7 +258,7 @@ build_install() {
     mkdir -p "$prefix/bin"
     g++ -O2 -std=c++17 "$src/tools/rpc/rpc-server.cpp" -I"$prefix/include" -L"$prefix/lib" \
         -lggml -lggml-base -Wl,-rpath,"$prefix/lib" -pthread -o "$prefix/bin/ggml-rpc-server" >&2
-    echo "llama-cpp-python==$PIN_VERSION recipe=$RECIPE${VARIANT:+ variant=$VARIANT} backends=cpu,rpc$([ "$VULKAN" = 1 ] && echo ,vulkan) built_in_s=$(( $(date +%s) - start ))" > "$prefix/.dflash2-built"
+    echo "llama-cpp-python==$PIN_VERSION recipe=$RECIPE fixes=meta-zero-fill${VARIANT:+ variant=$VARIANT} backends=cpu,rpc$([ "$VULKAN" = 1 ] && echo ,vulkan) built_in_s=$(( $(date +%s) - start ))" > "$prefix/.dflash2-built"
     log "built in $(( $(date +%s) - start ))s"
 }
 

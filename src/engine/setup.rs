@@ -206,6 +206,7 @@ pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Se
             target.n_seq_max()
         )));
     }
+    crate::sys::split::check(target)?;
     let opened = open_drafter_file(path, Some(&target.facts()))?;
     let ckpt = &opened.ckpt;
     let limits = limits(config, ckpt)?;

@@ -12,6 +12,7 @@ mod draft;
 pub mod ggml;
 mod head;
 mod model;
+pub mod split;
 mod target;
 
 pub use bindings::*;
@@ -37,6 +38,11 @@ unsafe extern "C" {
         out: *mut *mut ggml_tensor,
         n_out: i32,
     ) -> i32;
+    pub fn dflash2_shim_model_tensor_at(
+        model: *const llama_model,
+        i: i32,
+        name: *mut *const std::ffi::c_char,
+    ) -> *mut ggml_tensor;
     pub fn dflash2_shim_memory_breakdown(
         ctx: *const llama_context,
         dev: ggml_backend_dev_t,

@@ -163,3 +163,35 @@ impl Model {
         Model(m)
     }
 }
+
+/// Fills memory of each device's server with NaN bytes and frees it, twice:
+/// the server's allocator hands such reused memory to its next buffers (a
+/// server that served another client before, or the same client's freed
+/// buffers), so a computation that reads memory nothing wrote sees NaN there.
+/// The first round's blocks are fresh (zeroed) pages given back on free; the
+/// second round's come from the heap, which keeps them.
+pub fn poison(devices: &[sys::ggml_backend_dev_t], mib: usize) {
+    const CHUNK: usize = 8 << 20;
+    for _ in 0..2 {
+        for &dev in devices {
+            unsafe {
+                let buft = sys::ggml_backend_dev_buffer_type(dev);
+                // a large block first: its free raises the allocator's threshold for fresh pages
+                let big = sys::ggml_backend_buft_alloc_buffer(buft, 32 << 20);
+                assert!(!big.is_null(), "poison: allocation on the device failed");
+                sys::ggml_backend_buffer_free(big);
+                let bufs: Vec<_> = (0..(mib << 20) / CHUNK)
+                    .map(|_| {
+                        let b = sys::ggml_backend_buft_alloc_buffer(buft, CHUNK);
+                        assert!(!b.is_null(), "poison: allocation on the device failed");
+                        sys::ggml_backend_buffer_clear(b, 0xff);
+                        b
+                    })
+                    .collect();
+                for b in bufs {
+                    sys::ggml_backend_buffer_free(b);
+                }
+            }
+        }
+    }
+}

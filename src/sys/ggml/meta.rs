@@ -165,6 +165,57 @@ pub fn pieces<'a>(t: Tensor<'a>) -> Result<Pieces<'a>> {
     Ok(Pieces { layout, pieces })
 }
 
+/// The devices (indices into the meta device, with their names) that hold an
+/// empty slice of `t`, a tensor of a model split by tensor: llama.cpp rounds
+/// every slice down to its granularity, so a device may get none of a tensor.
+/// None when `t` is not in a meta buffer or its slices cannot be reached.
+pub fn empty_slices(t: Tensor<'_>) -> Option<Vec<(usize, String)>> {
+    if !is_meta(t) || t.ne().iter().product::<i64>() == 0 {
+        return None;
+    }
+    let simple_tensor = simple_tensor_fn()?;
+    // SAFETY: a live tensor in a meta buffer; its buffer type's device is the meta device.
+    let meta_dev = unsafe { ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t.get().buffer)) };
+    let devices = simple_devices(meta_dev).ok()?;
+    let mut empty = Vec::new();
+    for (i, &device) in devices.iter().enumerate() {
+        // SAFETY: i < the meta buffer's buffer count (one per simple device).
+        let raw = unsafe { simple_tensor(t.raw(), i) };
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: non-NULL, owned by the meta buffer.
+        let piece = unsafe { Tensor::from_raw(raw) };
+        if piece.ne().iter().product::<i64>() == 0 {
+            empty.push((i, super::backend::device_name(device)));
+        }
+    }
+    Some(empty)
+}
+
+/// The exported marker of a ggml whose meta backend fills a device's partial
+/// result with 0 where that device holds an empty slice (scripts/ggml-fixes.py,
+/// meta-zero-fill); ggml itself scales that never-written memory by 0, which
+/// keeps its NaN and Inf.
+const FILLS_EMPTY_SLICES_SYMBOL: &CStr = c"ggml_backend_meta_dflash2_fills_empty_slices";
+
+/// Set (to anything but 0) to treat the loaded ggml as one without the fix:
+/// lets a test see the refusal on the pinned build.
+pub const ASSUME_UNFIXED_ENV: &str = "DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES";
+
+/// Whether the loaded ggml fills empty slices' partial results with 0.
+pub fn fills_empty_slices() -> bool {
+    if std::env::var(ASSUME_UNFIXED_ENV).is_ok_and(|v| !v.is_empty() && v != "0") {
+        return false;
+    }
+    // SAFETY: a lookup in the process's global scope; the symbol, when there,
+    // is `int f(void)` (scripts/ggml-fixes.py).
+    unsafe {
+        let f = libc::dlsym(libc::RTLD_DEFAULT, FILLS_EMPTY_SLICES_SYMBOL.as_ptr());
+        !f.is_null() && std::mem::transmute::<*mut c_void, unsafe extern "C" fn() -> i32>(f)() == 1
+    }
+}
+
 /// `ggml_backend_meta_buffer_simple_tensor` of the loaded libggml-base, found
 /// once (None: not found, or the symbol table disagrees with the loader).
 fn simple_tensor_fn() -> Option<SimpleTensorFn> {
