@@ -160,7 +160,7 @@ run "llama.cpp's own server tests on probabilities, without and with the drafter
     scripts/llama-server-tests.sh --walk greedy "$build/smollm2-dflash2-generated.gguf"
 
 run "device backends, quick: placements over RPC nodes on loopback (-sm layer and tensor), faults (scripts/devices.sh --quick)" \
-    2400 70 scripts/devices.sh --quick
+    3300 70 scripts/devices.sh --quick
 
 echo
 echo "== exports of libdflash2.so"
