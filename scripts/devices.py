@@ -727,6 +727,21 @@ def tensor_chat(placement, rpc, configs):
         check(f"server {placement.name} {name} exit", code == 0, f"{code}\n{server.log_tail()}")
         return answers, together, tau, log
 
+    # on a ggml that keeps NaN in empty slices (what the environment variable makes the
+    # pinned build read as) the dflash2 server must refuse this split at start-up, saying why
+    os.environ["DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES"] = "1"
+    try:
+        refused = start("refused", rpc.flag() + chat_flags(placement) + ["-c", "2048", "-np", "1", "-md", ARGS.draft,
+                                                                        "--spec-type", "draft-dflash"], placement)
+    finally:
+        del os.environ["DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES"]
+    code = wait_exit(refused.proc, 300)
+    refused.log.close()
+    reason = next((l for l in refused.log_text().splitlines() if "leftover memory" in l), "")
+    check(f"server {placement.name} refused on a ggml without the fix", code == 1 and "leave a device without a slice"
+          in reason, f"exit {code}: {refused.log_tail()}")
+    row(placement=placement.name + " (chat)", face="server", np=1, mode="ggml without meta-zero-fill", temp=0.0,
+        identical="-", tau="-", tok_s="-", errors="-", note=f"exit {code}: {reason.split(' E ', 1)[-1][:160]}")
     want, _, _, _ = serve("reference", 1, [])
     dots = [a for a in want if a and set(a) <= {".", " "}]
     check(f"server {placement.name} reference answers", not dots, f"{len(dots)} answers of dots: {want}")

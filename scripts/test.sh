@@ -51,7 +51,9 @@ step_toolchain() {
     for tool in cmake g++ clang pkg-config; do
         command -v $tool >/dev/null || missing="$missing $tool"
     done
-    if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p | grep -q libclang; then
+    # what bindgen loads: libclang.so[.N] or libclang-N.so (not libclang-cpp.so, the C++ API)
+    if ! ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* >/dev/null 2>&1 &&
+            ! ldconfig -p | grep -Eq 'libclang(-[0-9.]+)?\.so'; then
         missing="$missing libclang-dev"
     fi
     if [ -n "$missing" ]; then
