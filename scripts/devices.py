@@ -729,28 +729,37 @@ def tensor_chat(placement, rpc, configs):
 
     # on a ggml that keeps NaN in empty slices (what the environment variable makes the
     # pinned build read as) the dflash2 server must refuse this split at start-up, saying why
+    old_env, old_args = dict(os.environ), (ts.ARGS.server, ts.ARGS.target)
+    os.environ.update(placement.env(role="refused"))
     os.environ["DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES"] = "1"
+    ts.ARGS.server, ts.ARGS.target = placement.server(), ARGS.target
     try:
-        refused = start("refused", rpc.flag() + chat_flags(placement) + ["-c", "2048", "-np", "1", "-md", ARGS.draft,
-                                                                        "--spec-type", "draft-dflash"], placement)
+        refused = ts.Server("refused", rpc.flag() + chat_flags(placement) + ["-c", "2048", "-np", "1", "-md",
+                                                                            ARGS.draft, "--spec-type", "draft-dflash"])
     finally:
-        del os.environ["DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES"]
-    code = wait_exit(refused.proc, 300)
+        os.environ.clear()
+        os.environ.update(old_env)
+        ts.ARGS.server, ts.ARGS.target = old_args
+    code = wait_exit(refused.proc, 120)
     refused.log.close()
     reason = next((l for l in refused.log_text().splitlines() if "leftover memory" in l), "")
     check(f"server {placement.name} refused on a ggml without the fix", code == 1 and "leave a device without a slice"
           in reason, f"exit {code}: {refused.log_tail()}")
     row(placement=placement.name + " (chat)", face="server", np=1, mode="ggml without meta-zero-fill", temp=0.0,
         identical="-", tau="-", tok_s="-", errors="-", note=f"exit {code}: {reason.split(' E ', 1)[-1][:160]}")
-    want, _, _, _ = serve("reference", 1, [])
-    dots = [a for a in want if a and set(a) <= {".", " "}]
-    check(f"server {placement.name} reference answers", not dots, f"{len(dots)} answers of dots: {want}")
+    references = {}  # np -> (answers one at a time, np at once): the no-drafter server with the same flags
     for name, np_, extra in configs:
+        if np_ not in references:
+            want, want_together, _, _ = serve(f"reference-np{np_}", np_, [])
+            dots = [a for a in want + want_together if a and set(a) <= {".", " "}]
+            check(f"server {placement.name} reference np {np_} answers", not dots, f"{len(dots)} answers of dots")
+            references[np_] = (want, want_together)
+        want, want_together = references[np_]
         spec = ["-md", ARGS.draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"] + extra
         got, together, (tau, acc, drafted), log = serve(f"dflash2-{name}-np{np_}".replace(" ", ""), np_, spec)
-        same = sum(g == w for g, w in zip(got, want)) + sum(g == w for g, w in zip(together, want))
+        same = sum(g == w for g, w in zip(got + together, want + want_together))
         n = len(got) + len(together)
-        for p, g, w in zip(prompts + prompts[:np_], got + together, want + want[:np_]):
+        for p, g, w in zip(prompts + prompts[:np_], got + together, want + want_together):
             check(f"server {placement.name} {name} np {np_} identical", g == w,
                   f"{p[:60]!r}:\n  dflash2:   {g!r}\n  reference: {w!r}")
         if "greedy" in name:
