@@ -708,7 +708,7 @@ def tensor_chat(placement, rpc, configs):
         # -ub 63: the nodes compute with ggml's CPU kernels, whose flash attention tiles 64+ query rows of
         # one ubatch (np 4 x 16-node trees: 64 rows) and rounds near-ties otherwise than one row (the
         # README's identity condition; llama-server bounds verify rows by itself on CPU-only targets, and
-        # cannot tell an RPC node's kernels: at -ub 512 2 of 12 np 4 answers parted mid-answer there)
+        # cannot tell what kernels an RPC node runs)
         args = rpc.flag() + chat_flags(placement) + ["-c", str(2048 * np_), "-np", str(np_), "-kvu", "-ub", "63"]
         args += extra
         poison(rpc)
