@@ -717,9 +717,10 @@ def tensor_chat(placement, rpc, configs):
             server.wait_ready(timeout=900)
             answers = [chat_client(server, p) for p in prompts]
             together = []
-            if np_ > 1:
+            # the reference answers its requests at once twice: whether they come out the same
+            for _ in range(2 if np_ > 1 and not extra else 1 if np_ > 1 else 0):
                 with concurrent.futures.ThreadPoolExecutor(np_) as pool:
-                    together = list(pool.map(lambda p: chat_client(server, p), prompts[:np_]))
+                    together.append(list(pool.map(lambda p: chat_client(server, p), prompts[:np_])))
             tau = slots_tau(server, np_) if extra else (0.0, 0, 0)
             log = server.log_text()
         finally:
@@ -750,17 +751,23 @@ def tensor_chat(placement, rpc, configs):
     references = {}  # np -> (answers one at a time, np at once): the no-drafter server with the same flags
     for name, np_, extra in configs:
         if np_ not in references:
-            want, want_together, _, _ = serve(f"reference-np{np_}", np_, [])
-            dots = [a for a in want + want_together if a and set(a) <= {".", " "}]
+            want, passes, _, _ = serve(f"reference-np{np_}", np_, [])
+            dots = [a for a in want + sum(passes, []) if a and set(a) <= {".", " "}]
             check(f"server {placement.name} reference np {np_} answers", not dots, f"{len(dots)} answers of dots")
-            references[np_] = (want, want_together)
-        want, want_together = references[np_]
+            # requests at once are batched as they arrive: where the target's kernels round a row by
+            # what shares its ubatch, target-only itself answers them otherwise from run to run
+            # (seen: two RPC nodes + CPU layers at np 4, 1 of 4); compared only where it does not
+            reproducible = not passes or passes[0] == passes[1]
+            references[np_] = (want, passes[0] if passes and reproducible else [], reproducible)
+        want, want_together, reproducible = references[np_]
         spec = ["-md", ARGS.draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"] + extra
         got, together, (tau, acc, drafted), log = serve(f"dflash2-{name}-np{np_}".replace(" ", ""), np_, spec)
+        together = together[0] if together and want_together else []
         same = sum(g == w for g, w in zip(got + together, want + want_together))
         n = len(got) + len(together)
-        for p, g, w in zip(prompts + prompts[:np_], got + together, want + want_together):
-            check(f"server {placement.name} {name} np {np_} identical", g == w,
+        for k, (p, g, w) in enumerate(zip(prompts + prompts[:np_], got + together, want + want_together)):
+            how = "one at a time" if k < len(prompts) else f"{np_} at once"
+            check(f"server {placement.name} {name} np {np_} identical ({how})", g == w,
                   f"{p[:60]!r}:\n  dflash2:   {g!r}\n  reference: {w!r}")
         if "greedy" in name:
             # the greedy walk drafts every step (the controller may draft little on this CPU)
@@ -768,7 +775,9 @@ def tensor_chat(placement, rpc, configs):
         filled = "fills those devices' partial results with 0" in log
         row(placement=placement.name + " (chat)", face="server", np=np_, mode=name, temp=0.0,
             identical=f"{same}/{n}", tau=round(tau, 3), tok_s="-", accepted=f"{acc}/{drafted}", errors="-",
-            note="empty slices filled with 0 (meta-zero-fill)" if filled else "")
+            note="; ".join(x for x in ["empty slices filled with 0 (meta-zero-fill)" if filled else "",
+                                        "" if reproducible else f"{np_} at once not compared: target-only answered "
+                                        "them otherwise in two passes"] if x))
 
 
 def tensor_chat_library(placement, rpc, nps):
