@@ -699,8 +699,9 @@ def tensor_chat(placement, rpc, configs):
     """llama-server split by tensor, as issue 43 ran it: no drafter, then dflash2 in each
     of `configs` ((name, np, extra flags)), one after another on the same RPC servers,
     each started after the servers' memory was filled with NaN bytes; the chat prompts
-    sent by a chat client (the template applied, the prompt cache on), at np 4 also
-    four at once. Every answer must equal the no-drafter server's."""
+    sent by a chat client (the template applied, the prompt cache on), one at a time:
+    every answer must equal the no-drafter server's (same flags); at np 4 also four at
+    once, counted against it (see below why not checked)."""
     prompts = [l.strip() for l in open(CHAT_PROMPTS_FILE) if l.strip()]
 
     def serve(name, np_, extra):
@@ -717,10 +718,9 @@ def tensor_chat(placement, rpc, configs):
             server.wait_ready(timeout=900)
             answers = [chat_client(server, p) for p in prompts]
             together = []
-            # the reference answers its requests at once twice: whether they come out the same
-            for _ in range(2 if np_ > 1 and not extra else 1 if np_ > 1 else 0):
+            if np_ > 1:
                 with concurrent.futures.ThreadPoolExecutor(np_) as pool:
-                    together.append(list(pool.map(lambda p: chat_client(server, p), prompts[:np_])))
+                    together = list(pool.map(lambda p: chat_client(server, p), prompts[:np_]))
             tau = slots_tau(server, np_) if extra else (0.0, 0, 0)
             log = server.log_text()
         finally:
@@ -751,33 +751,31 @@ def tensor_chat(placement, rpc, configs):
     references = {}  # np -> (answers one at a time, np at once): the no-drafter server with the same flags
     for name, np_, extra in configs:
         if np_ not in references:
-            want, passes, _, _ = serve(f"reference-np{np_}", np_, [])
-            dots = [a for a in want + sum(passes, []) if a and set(a) <= {".", " "}]
+            want, want_together, _, _ = serve(f"reference-np{np_}", np_, [])
+            dots = [a for a in want + want_together if a and set(a) <= {".", " "}]
             check(f"server {placement.name} reference np {np_} answers", not dots, f"{len(dots)} answers of dots")
-            # requests at once are batched as they arrive: where the target's kernels round a row by
-            # what shares its ubatch, target-only itself answers them otherwise from run to run
-            # (seen: two RPC nodes + CPU layers at np 4, 1 of 4); compared only where it does not
-            reproducible = not passes or passes[0] == passes[1]
-            references[np_] = (want, passes[0] if passes and reproducible else [], reproducible)
-        want, want_together, reproducible = references[np_]
+            references[np_] = (want, want_together)
+        want, want_together = references[np_]
         spec = ["-md", ARGS.draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"] + extra
         got, together, (tau, acc, drafted), log = serve(f"dflash2-{name}-np{np_}".replace(" ", ""), np_, spec)
-        together = together[0] if together and want_together else []
-        same = sum(g == w for g, w in zip(got + together, want + want_together))
-        n = len(got) + len(together)
-        for k, (p, g, w) in enumerate(zip(prompts + prompts[:np_], got + together, want + want_together)):
-            how = "one at a time" if k < len(prompts) else f"{np_} at once"
-            check(f"server {placement.name} {name} np {np_} identical ({how})", g == w,
+        same = sum(g == w for g, w in zip(got, want))
+        for p, g, w in zip(prompts, got, want):
+            check(f"server {placement.name} {name} np {np_} identical", g == w,
                   f"{p[:60]!r}:\n  dflash2:   {g!r}\n  reference: {w!r}")
+        # requests at once are batched as they arrive, several sequences in one ubatch: the
+        # target's kernels round a row by what shares its ubatch, and target-only itself
+        # answered them otherwise from run to run (two nodes + CPU layers, np 4: 1 of 4 in
+        # one of three runs), so they are counted, not checked
+        at_once = sum(g == w for g, w in zip(together, want_together))
         if "greedy" in name:
             # the greedy walk drafts every step (the controller may draft little on this CPU)
             check(f"server {placement.name} {name} np {np_} drafts", acc > 0 and drafted > 0, f"{acc}/{drafted}")
         filled = "fills those devices' partial results with 0" in log
         row(placement=placement.name + " (chat)", face="server", np=np_, mode=name, temp=0.0,
-            identical=f"{same}/{n}", tau=round(tau, 3), tok_s="-", accepted=f"{acc}/{drafted}", errors="-",
+            identical=f"{same}/{len(got)}", tau=round(tau, 3), tok_s="-", accepted=f"{acc}/{drafted}", errors="-",
             note="; ".join(x for x in ["empty slices filled with 0 (meta-zero-fill)" if filled else "",
-                                        "" if reproducible else f"{np_} at once not compared: target-only answered "
-                                        "them otherwise in two passes"] if x))
+                                        f"{np_} at once: {at_once}/{len(together)} as target-only's (not checked)"
+                                        if together else ""] if x))
 
 
 def tensor_chat_library(placement, rpc, nps):
