@@ -91,16 +91,23 @@ ggml_backend_dev_t dflash2_shim_model_dev_output(const llama_model * model) {
     }
 }
 
+// The model's tensor list, llama_internal_get_tensor_map (llama-model.h, not
+// installed): looked up by its mangled name at run time, like dev_output above;
+// NULL when this libllama does not export it.
+using tensor_map_t = const std::vector<std::pair<std::string, ggml_tensor *>> & (*)(const llama_model *);
+
+static tensor_map_t tensor_map_fn() {
+    static const tensor_map_t tensor_map =
+        (tensor_map_t) dlsym(RTLD_DEFAULT, "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model");
+    return tensor_map;
+}
+
 // The model's tensors named `name`: up to n_out of them into out, in the
 // model's order; returns how many there are (more than n_out possible: a tied
 // output head is a second "token_embd.weight" on the head's device), or -1
-// when this libllama does not export its tensor list. The list is
-// llama_internal_get_tensor_map (llama-model.h, not installed): looked up by
-// its mangled name at run time, like dev_output above.
+// when this libllama does not export its tensor list.
 int32_t dflash2_shim_model_tensors(const llama_model * model, const char * name, ggml_tensor ** out, int32_t n_out) {
-    using tensor_map_t = const std::vector<std::pair<std::string, ggml_tensor *>> & (*)(const llama_model *);
-    static const tensor_map_t tensor_map =
-        (tensor_map_t) dlsym(RTLD_DEFAULT, "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model");
+    const tensor_map_t tensor_map = tensor_map_fn();
     if (!tensor_map || !model || !name) {
         return -1;
     }
@@ -121,11 +128,9 @@ int32_t dflash2_shim_model_tensors(const llama_model * model, const char * name,
 }
 
 // The model's tensor number i in its order, its name into *name; NULL past the
-// last one or when this libllama does not export its tensor list (as above).
+// last one or when this libllama does not export its tensor list.
 ggml_tensor * dflash2_shim_model_tensor_at(const llama_model * model, int32_t i, const char ** name) {
-    using tensor_map_t = const std::vector<std::pair<std::string, ggml_tensor *>> & (*)(const llama_model *);
-    static const tensor_map_t tensor_map =
-        (tensor_map_t) dlsym(RTLD_DEFAULT, "_Z29llama_internal_get_tensor_mapB5cxx11PK11llama_model");
+    const tensor_map_t tensor_map = tensor_map_fn();
     if (!tensor_map || !model || i < 0) {
         return nullptr;
     }

@@ -312,11 +312,13 @@ def server_args(placement, rpc, extra, with_drafter):
     return args
 
 
-def start(name, args, placement, target=None):
-    """ts.Server (a llama-server on loopback) of the placement's build, with its environment."""
+def start(name, args, placement, target=None, env=None):
+    """ts.Server (a llama-server on loopback) of the placement's build, with its environment
+    (and `env`'s variables)."""
     old_env, old_args = dict(os.environ), (ts.ARGS.server, ts.ARGS.target)
     os.environ.clear()
     os.environ.update(placement.env(role=name))
+    os.environ.update(env or {})
     ts.ARGS.server = placement.server()
     ts.ARGS.target = target or ARGS.target
     try:
@@ -730,17 +732,9 @@ def tensor_chat(placement, rpc, configs):
 
     # on a ggml that keeps NaN in empty slices (what the environment variable makes the
     # pinned build read as) the dflash2 server must refuse this split at start-up, saying why
-    old_env, old_args = dict(os.environ), (ts.ARGS.server, ts.ARGS.target)
-    os.environ.update(placement.env(role="refused"))
-    os.environ["DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES"] = "1"
-    ts.ARGS.server, ts.ARGS.target = placement.server(), ARGS.target
-    try:
-        refused = ts.Server("refused", rpc.flag() + chat_flags(placement) + ["-c", "2048", "-np", "1", "-md",
-                                                                            ARGS.draft, "--spec-type", "draft-dflash"])
-    finally:
-        os.environ.clear()
-        os.environ.update(old_env)
-        ts.ARGS.server, ts.ARGS.target = old_args
+    refused = start("refused", rpc.flag() + chat_flags(placement) + ["-c", "2048", "-np", "1", "-md", ARGS.draft,
+                                                                    "--spec-type", "draft-dflash"], placement,
+                    env={"DFLASH2_TEST_GGML_KEEPS_NAN_IN_EMPTY_SLICES": "1"})
     code = wait_exit(refused.proc, 120)
     refused.log.close()
     reason = next((l for l in refused.log_text().splitlines() if "leftover memory" in l), "")

@@ -47,11 +47,11 @@ pub fn empty_slices(target: &TargetContext) -> Vec<EmptySlice> {
         };
         // SAFETY: a tensor of the live model.
         let tensor = unsafe { Tensor::from_raw(t.as_ptr()) };
-        if let Some(empty) = meta::empty_slices(tensor).filter(|e| !e.is_empty()) {
+        if let Some(devices) = meta::empty_slices(tensor).filter(|e| !e.is_empty()) {
             // SAFETY: a NUL-terminated name owned by the model's tensor map.
             let tensor =
                 if name.is_null() { tensor.name() } else { unsafe { CStr::from_ptr(name) }.to_string_lossy().into() };
-            found.push(EmptySlice { tensor, devices: empty.into_iter().map(|(_, d)| d).collect() });
+            found.push(EmptySlice { tensor, devices });
         }
     }
     found

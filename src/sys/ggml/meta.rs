@@ -80,6 +80,12 @@ fn simple_devices(meta_dev: ggml_backend_dev_t) -> Result<Vec<ggml_backend_dev_t
     }
 }
 
+/// The devices of the meta device that holds `t`, a tensor in a meta buffer.
+fn devices_of(t: Tensor<'_>) -> Result<Vec<ggml_backend_dev_t>> {
+    // SAFETY: a live tensor in a meta buffer; its buffer type's device is the meta device.
+    simple_devices(unsafe { ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t.get().buffer)) })
+}
+
 /// The pieces of `t`, a tensor of a model split by tensor, checked: each
 /// piece is allocated on its device, of `t`'s type, equal to `t` but along one
 /// axis, and the slices add up to `t`.
@@ -96,9 +102,7 @@ pub fn pieces<'a>(t: Tensor<'a>) -> Result<Pieces<'a>> {
              cannot find the tensor's per-device slices"
         ))
     })?;
-    // SAFETY: a live tensor in a meta buffer (checked above); its buffer type's device is the meta device.
-    let meta_dev = unsafe { ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t.get().buffer)) };
-    let devices = simple_devices(meta_dev)?;
+    let devices = devices_of(t)?;
     let ne = t.ne();
     let mut pieces = Vec::with_capacity(devices.len());
     let mut axis: Option<usize> = None;
@@ -165,29 +169,25 @@ pub fn pieces<'a>(t: Tensor<'a>) -> Result<Pieces<'a>> {
     Ok(Pieces { layout, pieces })
 }
 
-/// The devices (indices into the meta device, with their names) that hold an
-/// empty slice of `t`, a tensor of a model split by tensor: llama.cpp rounds
-/// every slice down to its granularity, so a device may get none of a tensor.
-/// None when `t` is not in a meta buffer or its slices cannot be reached.
-pub fn empty_slices(t: Tensor<'_>) -> Option<Vec<(usize, String)>> {
+/// The names of the devices that hold an empty slice of `t`, a tensor of a
+/// model split by tensor: llama.cpp rounds every slice down to its
+/// granularity, so a device may get none of a tensor. None when `t` is not in
+/// a meta buffer or its slices cannot be reached.
+pub fn empty_slices(t: Tensor<'_>) -> Option<Vec<String>> {
     if !is_meta(t) || t.ne().iter().product::<i64>() == 0 {
         return None;
     }
     let simple_tensor = simple_tensor_fn()?;
-    // SAFETY: a live tensor in a meta buffer; its buffer type's device is the meta device.
-    let meta_dev = unsafe { ggml_backend_buft_get_device(ggml_backend_buffer_get_type(t.get().buffer)) };
-    let devices = simple_devices(meta_dev).ok()?;
     let mut empty = Vec::new();
-    for (i, &device) in devices.iter().enumerate() {
+    for (i, &device) in devices_of(t).ok()?.iter().enumerate() {
         // SAFETY: i < the meta buffer's buffer count (one per simple device).
         let raw = unsafe { simple_tensor(t.raw(), i) };
         if raw.is_null() {
             return None;
         }
         // SAFETY: non-NULL, owned by the meta buffer.
-        let piece = unsafe { Tensor::from_raw(raw) };
-        if piece.ne().iter().product::<i64>() == 0 {
-            empty.push((i, super::backend::device_name(device)));
+        if unsafe { Tensor::from_raw(raw) }.ne().iter().product::<i64>() == 0 {
+            empty.push(super::backend::device_name(device));
         }
     }
     Some(empty)
