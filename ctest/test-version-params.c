@@ -77,6 +77,15 @@ int main(void) {
     CHECK(strcmp(llama_spec_dflash2_status_name(12345), "unknown status") == 0);
     CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY), "out of device memory") == 0);
 
-    printf("version %s, api %u: ok\n", version, llama_spec_dflash2_api_version());
+    // the llama.cpp it was built against is the one this program loaded
+    const struct llama_spec_dflash2_llama_build built = llama_spec_dflash2_llama_built();
+    CHECK(strcmp(built.llama_version, llama_version()) == 0);
+    CHECK(strcmp(built.ggml_version, ggml_version()) == 0);
+    CHECK(strcmp(built.ggml_commit, ggml_commit()) == 0);
+    CHECK(strstr(built.summary, built.prefix) != NULL);
+    CHECK(llama_spec_dflash2_llama_check() == LLAMA_SPEC_DFLASH2_OK);
+    CHECK(strcmp(llama_spec_dflash2_status_name(LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH), "llama.cpp mismatch") == 0);
+
+    printf("version %s, api %u, built against %s: ok\n", version, llama_spec_dflash2_api_version(), built.summary);
     return 0;
 }

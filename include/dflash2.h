@@ -65,7 +65,10 @@
 // target-only decoding. (Defaults since, no ABI change: sampled trees of
 // more than 15 nodes draw from the whole q and take q's most probable token
 // as each parent's first child.)
-#define LLAMA_SPEC_DFLASH2_API_VERSION 11
+// 12: the llama.cpp the library was built against (llama_spec_dflash2_llama_built)
+// and the check of the loaded one against it (llama_spec_dflash2_llama_check,
+// also made by init: LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH).
+#define LLAMA_SPEC_DFLASH2_API_VERSION 12
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -122,6 +125,10 @@ enum llama_spec_dflash2_status {
   // The device the drafter goes on reports less free memory than the drafter
   // needs (the message gives both); nothing was allocated.
   LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY = -11,
+  // The libllama / ggml this process loaded are not the llama.cpp build
+  // dflash2 was built against (another version, or params structs of
+  // another layout); the message names both builds and the loaded files.
+  LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH = -12,
   // A bug in dflash2: a panic was caught at the C boundary.
   LLAMA_SPEC_DFLASH2_ERR_INTERNAL = -99,
 };
@@ -194,6 +201,25 @@ enum llama_spec_dflash2_draft_graph {
 // that read the target context (process, draft, verify) also need the host not
 // to decode that context at the same time, as with any libllama context.
 struct llama_spec_dflash2;
+
+// The llama.cpp build the library was built against, as its libraries
+// reported it to the build (static strings, never NULL).
+struct llama_spec_dflash2_llama_build {
+  // llama_version() of that libllama, e.g. "0.5.0-dev".
+  const char *llama_version;
+  // ggml_version() of its ggml, e.g. "0.25.3".
+  const char *ggml_version;
+  // ggml_commit(): "unknown" for a llama.cpp built outside a git checkout
+  // (the llama-cpp-python sdists).
+  const char *ggml_commit;
+  // Where the build came from: "dflash2's pinned build: llama-cpp-python==0.3.36
+  // recipe=3 ..." (scripts/llama-cpp.sh), else "a llama.cpp install prefix".
+  const char *origin;
+  // Its install prefix on the machine that built the library.
+  const char *prefix;
+  // All of the above in one line, for a log.
+  const char *summary;
+};
 
 // Configuration of a DFlash2 engine. Get it from
 // `llama_spec_dflash2_default_params()`, change fields, pass it by value.
@@ -552,6 +578,21 @@ uint32_t llama_spec_dflash2_api_version(void);
 
 // The library version, e.g. "0.1.0". Static storage; never NULL.
 const char *llama_spec_dflash2_version(void);
+
+// The llama.cpp build the library was built against, for a host to print
+// (llama-server logs it and shows it in /props).
+struct llama_spec_dflash2_llama_build llama_spec_dflash2_llama_built(void);
+
+// Checks that the libllama and ggml this process loaded are the llama.cpp
+// build the library was built against: the same llama_version(),
+// ggml_version() and ggml_commit(), and (on x86-64) the same bytes written by
+// llama_model_default_params() and llama_context_default_params(), which are
+// called with a guarded buffer, so a build whose params structs are larger
+// cannot write past it. llama_spec_dflash2_init makes the same check before
+// it passes any llama.cpp struct; the answer is computed once per process.
+// Returns 0, or LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH with both builds and the
+// loaded files named in llama_spec_dflash2_last_error().
+int32_t llama_spec_dflash2_llama_check(void);
 
 // Default engine parameters; change fields, then pass the struct by value.
 struct llama_spec_dflash2_params llama_spec_dflash2_default_params(void);

@@ -87,6 +87,8 @@ dflash2_server_spec * init_dflash2(common_params & params, llama_context * ctx_t
     dflash2_server_options & opts = dflash2_server_opts();
     opts.init_failed = true; // until the engine exists
     llama_spec_dflash2_log_set(log_to_common, nullptr);
+    LOG_INF("%s: dflash2 %s (C API %u), built against %s\n", __func__, llama_spec_dflash2_version(),
+            llama_spec_dflash2_api_version(), llama_spec_dflash2_llama_built().summary);
 
     if (params.speculative.has_synth()) {
         throw std::runtime_error("dflash2: synthetic acceptance is not supported; add --spec-dflash2-upstream");

@@ -86,6 +86,33 @@ std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq
             (long long) c.n_tree_side_accepted);
 }
 
+// a JSON string literal of text (quotes, backslashes and control characters escaped)
+static std::string json_string(const char * text) {
+    std::string out = "\"";
+    for (const char * c = text; *c; ++c) {
+        if (*c == '"' || *c == '\\') {
+            out += '\\';
+            out += *c;
+        } else if ((unsigned char) *c < 0x20) {
+            out += string_format("\\u%04x", (unsigned) (unsigned char) *c);
+        } else {
+            out += *c;
+        }
+    }
+    return out + "\"";
+}
+
+std::string dflash2_server_props_json() {
+    const llama_spec_dflash2_llama_build built = llama_spec_dflash2_llama_built();
+    const bool same = llama_spec_dflash2_llama_check() == LLAMA_SPEC_DFLASH2_OK;
+    return string_format("{\"version\": %s, \"api_version\": %u, \"llama_build\": {\"llama_version\": %s, "
+            "\"ggml_version\": %s, \"ggml_commit\": %s, \"origin\": %s, \"prefix\": %s}, \"llama_check\": %s}",
+            json_string(llama_spec_dflash2_version()).c_str(), llama_spec_dflash2_api_version(),
+            json_string(built.llama_version).c_str(), json_string(built.ggml_version).c_str(),
+            json_string(built.ggml_commit).c_str(), json_string(built.origin).c_str(),
+            json_string(built.prefix).c_str(), json_string(same ? "ok" : llama_spec_dflash2_last_error()).c_str());
+}
+
 std::string dflash2_server_metrics() {
     dflash2::stats s;
     int32_t n_max = 0;

@@ -246,6 +246,11 @@ bool dflash2_server_add_draft_rows(dflash2_server_spec * spec, llama_seq_id seq_
 // draft statistics of a slot for /slots (JSON text)
 std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id);
 
+// dflash2 and the llama.cpp it was built against, for /props (JSON text):
+// {"version", "api_version", "llama_build": {"llama_version", "ggml_version",
+// "ggml_commit", "origin", "prefix"}, "llama_check": "ok" or the refusal}
+std::string dflash2_server_props_json();
+
 // dflash2's counters for /metrics (prometheus text, empty when no engine serves):
 // the engine's statistics, and the steps by the draft they got (none, chain,
 // tree) with their drafted nodes, summed over the slots

@@ -128,6 +128,11 @@ EDITS = [
      '            {"is_processing", is_processing()},\n        };\n',
      '            {"is_processing", is_processing()},\n        };\n'
      "        if (can_speculate()) { res[\"draft\"] = json::parse(dflash2_server_slot_json(spec, id)); } " + MARK + "\n"),
+    # /props: dflash2 and the llama.cpp it was built against
+    ("server-context.cpp",
+     '        { "cors_proxy_enabled",          params.ui_mcp_proxy },\n    };\n',
+     '        { "cors_proxy_enabled",          params.ui_mcp_proxy },\n    };\n'
+     "    props[\"dflash2\"] = json::parse(dflash2_server_props_json()); " + MARK + "\n"),
     # the drafter's memory is budgeted before the target is fitted and loaded
     ("server-context.cpp",
      "        llama_init = common_init_from_params(params_base);\n",

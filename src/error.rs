@@ -34,6 +34,10 @@ pub enum llama_spec_dflash2_status {
     /// The device the drafter goes on reports less free memory than the drafter
     /// needs (the message gives both); nothing was allocated.
     LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY = -11,
+    /// The libllama / ggml this process loaded are not the llama.cpp build
+    /// dflash2 was built against (another version, or params structs of
+    /// another layout); the message names both builds and the loaded files.
+    LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH = -12,
     /// A bug in dflash2: a panic was caught at the C boundary.
     LLAMA_SPEC_DFLASH2_ERR_INTERNAL = -99,
 }
@@ -57,6 +61,7 @@ impl Status {
             LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED => c"unsupported",
             LLAMA_SPEC_DFLASH2_ERR_BACKEND => c"backend error",
             LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY => c"out of device memory",
+            LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH => c"llama.cpp mismatch",
             LLAMA_SPEC_DFLASH2_ERR_INTERNAL => c"internal error",
         }
     }
@@ -80,6 +85,7 @@ impl Status {
             LLAMA_SPEC_DFLASH2_ERR_UNSUPPORTED,
             LLAMA_SPEC_DFLASH2_ERR_BACKEND,
             LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY,
+            LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH,
             LLAMA_SPEC_DFLASH2_ERR_INTERNAL,
         ]
         .into_iter()
@@ -125,6 +131,10 @@ impl Error {
 
     pub fn out_of_memory(message: impl Into<String>) -> Error {
         Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_OUT_OF_MEMORY, message)
+    }
+
+    pub fn llama_mismatch(message: impl Into<String>) -> Error {
+        Error::new(Status::LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH, message)
     }
 
     pub fn invalid_state(message: impl Into<String>) -> Error {

@@ -198,6 +198,8 @@ fn choose_graph(config: &Config, ckpt: &Checkpoint, target: &TargetContext) -> R
 }
 
 pub fn create(target: &TargetContext, path: &Path, config: &Config) -> Result<Setup> {
+    // before any llama.cpp struct is passed by value: the one it was built against?
+    crate::sys::llama_check::check()?;
     // the host's sequence ids are the target's: more than it has cannot occur
     if config.n_seq > target.n_seq_max() as usize {
         return Err(Error::invalid(format!(

@@ -2,6 +2,8 @@
 
 use std::ffi::{c_char, c_void};
 
+use crate::sys::llama_check::built;
+
 use super::boundary::{self, input, last_error_ptr, last_status};
 use crate::config::Config;
 use crate::error::Status;
@@ -60,7 +62,10 @@ use crate::params::llama_spec_dflash2_params;
 /// target-only decoding. (Defaults since, no ABI change: sampled trees of
 /// more than 15 nodes draw from the whole q and take q's most probable token
 /// as each parent's first child.)
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 11;
+/// 12: the llama.cpp the library was built against (llama_spec_dflash2_llama_built)
+/// and the check of the loaded one against it (llama_spec_dflash2_llama_check,
+/// also made by init: LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH).
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 12;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).
@@ -73,6 +78,56 @@ pub extern "C" fn llama_spec_dflash2_api_version() -> u32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn llama_spec_dflash2_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The llama.cpp build the library was built against, as its libraries
+/// reported it to the build (static strings, never NULL).
+#[allow(non_camel_case_types)]
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct llama_spec_dflash2_llama_build {
+    /// llama_version() of that libllama, e.g. "0.5.0-dev".
+    pub llama_version: *const c_char,
+    /// ggml_version() of its ggml, e.g. "0.25.3".
+    pub ggml_version: *const c_char,
+    /// ggml_commit(): "unknown" for a llama.cpp built outside a git checkout
+    /// (the llama-cpp-python sdists).
+    pub ggml_commit: *const c_char,
+    /// Where the build came from: "dflash2's pinned build: llama-cpp-python==0.3.36
+    /// recipe=3 ..." (scripts/llama-cpp.sh), else "a llama.cpp install prefix".
+    pub origin: *const c_char,
+    /// Its install prefix on the machine that built the library.
+    pub prefix: *const c_char,
+    /// All of the above in one line, for a log.
+    pub summary: *const c_char,
+}
+
+/// The llama.cpp build the library was built against, for a host to print
+/// (llama-server logs it and shows it in /props).
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_llama_built() -> llama_spec_dflash2_llama_build {
+    llama_spec_dflash2_llama_build {
+        llama_version: built::LLAMA_VERSION.as_ptr(),
+        ggml_version: built::GGML_VERSION.as_ptr(),
+        ggml_commit: built::GGML_COMMIT.as_ptr(),
+        origin: built::ORIGIN.as_ptr(),
+        prefix: built::PREFIX.as_ptr(),
+        summary: built::SUMMARY.as_ptr(),
+    }
+}
+
+/// Checks that the libllama and ggml this process loaded are the llama.cpp
+/// build the library was built against: the same llama_version(),
+/// ggml_version() and ggml_commit(), and (on x86-64) the same bytes written by
+/// llama_model_default_params() and llama_context_default_params(), which are
+/// called with a guarded buffer, so a build whose params structs are larger
+/// cannot write past it. llama_spec_dflash2_init makes the same check before
+/// it passes any llama.cpp struct; the answer is computed once per process.
+/// Returns 0, or LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH with both builds and the
+/// loaded files named in llama_spec_dflash2_last_error().
+#[unsafe(no_mangle)]
+pub extern "C" fn llama_spec_dflash2_llama_check() -> i32 {
+    boundary::status(crate::sys::llama_check::check)
 }
 
 /// Default engine parameters; change fields, then pass the struct by value.

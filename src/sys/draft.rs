@@ -29,6 +29,8 @@ unsafe impl Send for DraftModel {}
 
 impl DraftModel {
     pub fn load(path: &Path, load: &ModelLoad) -> Result<DraftModel> {
+        // llama_model_params goes by value below: only the build's layout
+        super::llama_check::check()?;
         let cpath = CString::new(path.to_string_lossy().as_bytes())
             .map_err(|_| Error::invalid("draft path contains a NUL byte"))?;
         let mut devices: Vec<ggml_backend_dev_t> = load.devices.to_vec();
@@ -132,6 +134,8 @@ unsafe impl Send for DraftContext {}
 
 impl DraftContext {
     pub fn new(model: &DraftModel, setup: &ContextSetup) -> Result<DraftContext> {
+        // llama_context_params goes by value below: only the build's layout
+        super::llama_check::check()?;
         // SAFETY: default params are plain data; model and ctx_other are live.
         let ctx = unsafe {
             let mut cp = llama_context_default_params();

@@ -11,6 +11,8 @@ mod device;
 mod draft;
 pub mod ggml;
 mod head;
+pub mod llama_abi;
+pub mod llama_check;
 mod model;
 pub mod split;
 mod target;

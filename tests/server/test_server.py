@@ -182,6 +182,19 @@ def assert_drafting(spec):
     return m
 
 
+def refusal_log(s, started_with):
+    """Waits for server `s`, which must refuse to serve, to exit with an error
+    (not a signal) and returns its log; `started_with` says what it must not serve."""
+    try:
+        code = s.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        raise AssertionError(f"the server started with {started_with}")
+    s.log.close()
+    assert code > 0, f"exit code {code} (a signal is a crash):\n{s.log_tail()}"
+    return s.log_text()
+
+
 def test_refuses_drafters_it_cannot_serve():
     cases = [
         ("missing-file", ["-md", "/nonexistent/drafter.gguf"], r"nonexistent"),
@@ -193,14 +206,7 @@ def test_refuses_drafters_it_cannot_serve():
     ]
     for name, args, needle in cases:
         s = Server(f"refuse-{name}", args)
-        try:
-            code = s.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            raise AssertionError(f"{name}: the server started with a drafter it cannot serve")
-        s.log.close()
-        log = s.log_text()
-        assert code > 0, f"{name}: exit code {code} (a signal is a crash):\n{s.log_tail()}"
+        log = refusal_log(s, f"a drafter it cannot serve ({name})")
         assert re.search(needle, log), f"{name}: no clear message matching '{needle}':\n{s.log_tail()}"
 
 
@@ -407,6 +413,32 @@ def test_bad_values_of_our_flags_stop_the_server():
             assert draft["walk"] == walk and draft["tree_budget"] == (identical_budget(1) if walk == "adaptive" else 0), draft
         finally:
             assert s.stop() == 0
+
+
+def test_props_name_the_llama_cpp_it_was_built_against_and_another_one_is_refused():
+    # the start-up log and /props say which llama.cpp dflash2 was built against
+    s = Server("props", ["-np", "1", "-c", "512", DRAFT])
+    try:
+        s.wait_ready()
+        props = s.request("GET", "/props")["dflash2"]
+    finally:
+        assert s.stop() == 0
+    build = props["llama_build"]
+    assert props["llama_check"] == "ok" and props["api_version"] >= 12, props
+    assert build["llama_version"] and build["ggml_version"] and build["prefix"], build
+    built = f"built against llama.cpp {build['llama_version']}, ggml {build['ggml_version']}"
+    assert built in s.log_text(), s.log_tail()
+    # a libllama that reports another version (preloaded, as another libllama.so.0
+    # on the library path would be): the server stops with the refusal
+    shim = os.path.join(ARGS.workdir, "libfake-llama-version.so")
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "ctest", "fake-llama-version.c")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", shim, source], check=True)
+    s = server_with_env("other-llama", ["-np", "1", "-c", "512", DRAFT], {"LD_PRELOAD": shim})
+    log = refusal_log(s, "a libllama dflash2 was not built against")
+    want = (f"dflash2 was built against llama.cpp {build['llama_version']}", "but runs on llama.cpp 9.9.9-test",
+            shim + " (llama_version)", f"llama_version() is \"9.9.9-test\", the build's \"{build['llama_version']}\"")
+    for w in want:
+        assert w in log, f"no '{w}' in:\n{s.log_tail()}"
 
 
 def completion_probs(server, prompt, **extra):
@@ -836,14 +868,8 @@ def test_trees_fall_back_to_chains_or_refuse_with_a_reason():
 
     run()
     s = Server("refuse-tree-slots", ["-np", "100", "-kvu", "-c", "4096"] + TREE + tree_drafter())
-    try:
-        code = s.proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        s.proc.kill()
-        raise AssertionError("the server started with more slots than trees have sequence ids for")
-    s.log.close()
-    assert code > 0, f"exit code {code} (a signal is a crash):\n{s.log_tail()}"
-    assert "at most -np 85 with trees" in s.log_text(), s.log_tail()
+    log = refusal_log(s, "more slots than trees have sequence ids for")
+    assert "at most -np 85 with trees" in log, s.log_tail()
 
     # the default budget (not asked for) yields to chains there instead, with the reason: on
     # this CPU first for T = 0 identity (100 slots' trees in 63 rows), and below ubatches of
@@ -986,6 +1012,7 @@ TESTS = [
     test_both_draft_graphs_answer_equal_the_no_drafter_server_with_the_same_drafts,
     test_the_adaptive_walk_drafts_chains_where_the_cache_cannot_branch,
     test_bad_values_of_our_flags_stop_the_server,
+    test_props_name_the_llama_cpp_it_was_built_against_and_another_one_is_refused,
     test_sampled_slots_draft_by_sampling_and_verify_by_rejection_sampling,
     test_a_sampler_without_its_distribution_falls_back_to_sample_and_match,
     test_drafted_tokens_carry_the_probabilities_of_a_plain_step,
