@@ -5,27 +5,9 @@
 /// Confidence bins of the lattice softmax at a pick.
 const BINS: usize = 10;
 
-/// Posterior standard deviations an optimistic estimate adds. Cutting drafts
-/// by the posterior mean, a position whose first trials were rejected is
-/// priced below its rows and never drafted again, so never observed again.
-/// Simulated (`AdaptivePolicy`'s tests: a CPU whose verify rows cost a third
-/// of a step, acceptance 0.95, 9 seeds x 5000 steps), where seven-token
-/// drafts would pay 1.51x the mean cut drafted two and ran at 1.10-1.11x
-/// plain; with one token more where its optimistic estimate pays
-/// (`AdaptivePolicy::keep`, when drafting for all), 1.50-1.53x. One to two
-/// deviations gave the same figures within 0.02x in these worlds (after two
-/// rejections: 0.44 to 0.63).
-const OPTIMISM: f64 = 1.5;
-
 /// The Beta(1, 1) posterior mean of (reached, accepted).
 fn posterior_mean((reached, accepted): (f64, f64)) -> f64 {
     (accepted + 1.0) / (reached + 2.0)
-}
-
-/// `OPTIMISM` posterior standard deviations of an estimate `p` resting on the
-/// trials of `counts` (reached, accepted).
-fn optimism(counts: (f64, f64), p: f64) -> f64 {
-    OPTIMISM * (p * (1.0 - p) / (counts.0 + 3.0)).sqrt()
 }
 
 fn bin(confidence: f32) -> usize {
@@ -37,11 +19,46 @@ fn bin(confidence: f32) -> usize {
 pub struct AcceptanceModel {
     /// [position][bin] -> (reached, accepted)
     counts: Vec<[(f64, f64); BINS]>,
+    /// each trial at a position first fades its earlier ones by 1 - 1 / memory
+    memory: Option<f64>,
 }
 
 impl AcceptanceModel {
     pub fn new(n_positions: usize) -> Self {
-        AcceptanceModel { counts: vec![[(0.0, 0.0); BINS]; n_positions] }
+        AcceptanceModel { counts: vec![[(0.0, 0.0); BINS]; n_positions.max(1)], memory: None }
+    }
+
+    /// A model that weighs about the last `trials` trials of each position:
+    /// a prompt whose easy start is behind it is not priced by that start.
+    pub fn with_memory(n_positions: usize, trials: f64) -> Self {
+        AcceptanceModel { memory: Some(trials.max(1.0)), ..Self::new(n_positions) }
+    }
+
+    /// The posterior standard deviation of the acceptance at `position`.
+    pub fn sd_position(&self, position: usize) -> f64 {
+        let counts = self.position_counts(position);
+        let p = posterior_mean(counts);
+        (p * (1.0 - p) / (counts.0 + 3.0)).sqrt()
+    }
+
+    /// Every trial weighs `share` less (trials age).
+    pub fn fade(&mut self, share: f64) {
+        for position in 0..self.counts.len() {
+            self.fade_position(position, share);
+        }
+    }
+
+    fn fade_position(&mut self, position: usize, share: f64) {
+        for cell in self.counts[position].iter_mut() {
+            cell.0 *= 1.0 - share;
+            cell.1 *= 1.0 - share;
+        }
+    }
+
+    fn fade_trial(&mut self, position: usize) {
+        if let Some(memory) = self.memory {
+            self.fade_position(position, 1.0 / memory);
+        }
     }
 
     /// Probability that a token at `position` with lattice softmax `confidence`
@@ -49,18 +66,6 @@ impl AcceptanceModel {
     /// falling back on the position's other bins.
     pub fn p_accept(&self, position: usize, confidence: f32) -> f64 {
         posterior_mean(self.cell(position, confidence))
-    }
-
-    /// `p_accept` plus `OPTIMISM` posterior standard deviations of the
-    /// position's acceptance: a position a few early rejections put below its
-    /// price is drafted (and observed) again until its trials say so. The
-    /// position's, not the bin's: the confidence bins of a position reached
-    /// often hold few trials each, and every one would be drafted again
-    /// (measured: a CPU run drafting 207 tokens, 39 accepted, where the mean
-    /// cut drafted 38).
-    pub fn p_accept_optimistic(&self, position: usize, confidence: f32) -> f64 {
-        let p = self.p_accept(position, confidence);
-        (p + optimism(self.position_counts(position), p)).min(1.0)
     }
 
     /// P(accept | reached) at `position`, whatever the confidence.
@@ -84,36 +89,12 @@ impl AcceptanceModel {
         self.counts[0].iter().map(|c| c.0).sum()
     }
 
-    /// A typical draft of `n` positions cut where a token stops paying `price`
-    /// rows: (expected accepted tokens, tokens kept).
-    pub fn expected_chain(&self, n: usize, price: f64) -> (f64, usize) {
-        let (mut reach, mut gain, mut kept) = (1.0, 0.0, 0);
-        for m in 0..n {
-            reach *= self.p_position(m);
-            if reach < price {
-                break;
-            }
-            gain += reach;
-            kept = m + 1;
-        }
-        (gain, kept)
-    }
-
-    /// Expected accepted tokens of a draft of `n` tokens.
-    pub fn expected_accepted(&self, n: usize) -> f64 {
-        let (mut reach, mut sum) = (1.0, 0.0);
-        for m in 0..n {
-            reach *= self.p_position(m);
-            sum += reach;
-        }
-        sum
-    }
-
     /// A verified draft: tokens before the first rejection were accepted, the
     /// first rejected one was reached, the rest were never reached.
     pub fn observe(&mut self, confidences: &[f32], n_accepted: usize) {
         let last = self.counts.len() - 1;
         for (m, &c) in confidences.iter().enumerate().take(n_accepted + 1) {
+            self.fade_trial(m.min(last));
             let cell = &mut self.counts[m.min(last)][bin(c)];
             cell.0 += 1.0;
             if m < n_accepted {
@@ -126,6 +107,7 @@ impl AcceptanceModel {
     /// (`crate::calibration` observes every child of a tree's reached nodes).
     pub fn observe_trial(&mut self, position: usize, confidence: f32, accepted: bool) {
         let last = self.counts.len() - 1;
+        self.fade_trial(position.min(last));
         let cell = &mut self.counts[position.min(last)][bin(confidence)];
         cell.0 += 1.0;
         cell.1 += accepted as u8 as f64;
@@ -159,31 +141,29 @@ mod tests {
         assert!(m.p_accept(0, 0.05) > 0.9);
         // never reached: the prior
         assert_eq!(m.p_accept(3, 0.5), 0.5);
-        // a typical chain: 51/52 at the first position, cut at the second (1/52 < 0.1)
-        let (gain, kept) = m.expected_chain(4, 0.1);
-        assert_eq!(kept, 1, "{gain}");
-        assert!((gain - 51.0 / 52.0).abs() < 1e-9, "{gain}");
     }
 
     #[test]
-    fn the_optimistic_estimate_comes_down_to_the_mean_as_trials_add_up() {
-        let mut m = AcceptanceModel::new(2);
-        // two rejections at the second position: a mean of 1/4, drafted again
-        m.observe(&[0.5, 0.5], 1);
-        m.observe(&[0.5, 0.5], 1);
-        assert!((m.p_position(1) - 0.25).abs() < 1e-12);
-        let sd = (0.25f64 * 0.75 / 5.0).sqrt();
-        assert!((m.p_accept_optimistic(1, 0.5) - (0.25 + OPTIMISM * sd)).abs() < 1e-12);
-        // a hundred more: within a few hundredths of the mean
-        for _ in 0..100 {
-            m.observe(&[0.5, 0.5], 1);
-        }
-        let gap = m.p_accept_optimistic(1, 0.5) - m.p_accept(1, 0.5);
-        assert!(gap > 0.0 && gap < 0.04, "{gap}");
-        // never above 1
-        for _ in 0..10 {
+    fn a_model_with_a_memory_follows_a_falling_acceptance() {
+        let mut m = AcceptanceModel::with_memory(2, 64.0);
+        for _ in 0..200 {
             m.observe(&[0.5, 0.5], 2);
         }
-        assert!(m.p_accept_optimistic(0, 0.5) <= 1.0);
+        let sure = m.sd_position(0);
+        for _ in 0..64 {
+            m.observe(&[0.5, 0.5], 0);
+        }
+        // the last 64 trials weigh about 1 - 1/e: below a half from 0.99
+        assert!(m.p_position(0) < 0.5, "{}", m.p_position(0));
+        // and the posterior is wider where its trials disagree
+        assert!(m.sd_position(0) > sure);
+        let mut all = AcceptanceModel::new(2);
+        for _ in 0..200 {
+            all.observe(&[0.5], 1);
+        }
+        for _ in 0..64 {
+            all.observe(&[0.5], 0);
+        }
+        assert!(all.p_position(0) > 0.7);
     }
 }

@@ -1,0 +1,398 @@
+use super::*;
+use crate::adaptive::world::{SHIPPED, TargetCost, World, plans};
+use std::time::Duration;
+
+/// SmolLM2-135M on one CPU thread as measured: a verify row costs 12 ms (a
+/// one-row decode 19 ms), a draft decode 9 ms + 1.2 ms a row.
+fn cpu_one_thread(n_seqs: usize, p_accept: f64) -> World {
+    World {
+        target: TargetCost::Line { step: 0.007 + 0.012 * n_seqs as f64, per_row: 0.012, jump: 0.0 },
+        draft_fixed: 0.009,
+        draft_row: 0.0012,
+        ..World::cpu(n_seqs, p_accept)
+    }
+}
+
+/// The demo's prompt on a 2-core CPU (its trace, 2026-12-04): a plain step
+/// 9.6 ms; drafted rows 3.6 ms each once a batch has any, and the first of
+/// them 2.3 ms more; a 3-row draft decode 4.6 ms.
+fn cpu_easy_prompt(p_accept: f64, jump: f64, per_row: f64) -> World {
+    World {
+        target: TargetCost::Line { step: 0.0096, per_row, jump },
+        draft_fixed: 0.0040,
+        draft_row: 0.0002,
+        ..World::cpu(1, p_accept)
+    }
+}
+
+/// A big target on a GPU as the flat world has it: rows nearly free, a draft
+/// decode a tenth of a step.
+fn gpu(n_seqs: usize, p_accept: f64) -> World {
+    World {
+        target: TargetCost::Line { step: 0.030, per_row: 0.0001, jump: 0.0 },
+        draft_fixed: 0.003,
+        draft_row: 0.00002,
+        ..World::cpu(n_seqs, p_accept)
+    }
+}
+
+#[test]
+fn in_every_shipped_world_the_controller_is_near_the_best_fixed_plan() {
+    // the goals of the cost worlds: >= 0.95 of the best fixed draft length
+    // (or of plain steps, where none pays), never below plain steps
+    let mut report = Vec::new();
+    let mut failed = Vec::new();
+    for (name, _) in SHIPPED {
+        for n_seqs in [1, 4] {
+            for p_accept in [0.3, 0.6, 0.8, 0.9] {
+                let w = World::shipped(name, n_seqs, p_accept);
+                let mut p = AdaptivePolicy::new(7);
+                let run = w.run(&mut p, 2000);
+                let (best, plain) = (w.best_rate(), w.plain_rate());
+                let share = run.rate() / best;
+                let line = format!(
+                    "{name} np {n_seqs} p {p_accept}: {share:.3} of best ({:.2}x plain, best {:.2}x) {}",
+                    run.rate() / plain,
+                    best / plain,
+                    plans(&run)
+                );
+                if share < 0.95 || run.rate() < 0.98 * plain {
+                    failed.push(line.clone());
+                }
+                report.push(line);
+            }
+        }
+    }
+    eprintln!("{report:#?}");
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+#[test]
+fn where_drafting_does_not_pay_learning_stays_within_its_budget() {
+    for n_seqs in [1, 2, 4] {
+        for w in [
+            World::cpu(n_seqs, 0.0),
+            World::cpu(n_seqs, 0.4),
+            cpu_one_thread(n_seqs, 0.0),
+            cpu_one_thread(n_seqs, 0.7),
+            World::shipped("metal-m4pro", n_seqs, 0.3),
+        ] {
+            assert!(w.best_rate() <= w.plain_rate() * 1.0001);
+            let mut p = AdaptivePolicy::new(7);
+            // 8 prompts x 64 tokens: as short as the bench's runs
+            let run = w.run(&mut p, 8 * 64 / n_seqs);
+            let ratio = run.rate() / w.plain_rate();
+            assert!(ratio >= 0.97, "np {n_seqs}, {w:?}: {ratio:.3} of plain ({})", plans(&run));
+            assert!(run.one + run.all >= 1, "it keeps learning: {}", plans(&run));
+            // a long run: the loss tends to the budget
+            let run = w.run(&mut p, 20_000);
+            let ratio = run.rate() / w.plain_rate();
+            assert!(ratio >= 1.0 - 1.5 * LOSS_BUDGET, "np {n_seqs}, {w:?}: {ratio:.4} ({})", plans(&run));
+        }
+    }
+}
+
+#[test]
+fn where_drafting_pays_it_drafts_for_every_sequence() {
+    for n_seqs in [1, 2, 4] {
+        for w in [gpu(n_seqs, 0.7), World::shipped("cuda-3090", n_seqs, 0.8)] {
+            let mut p = AdaptivePolicy::new(7);
+            let run = w.run(&mut p, 400);
+            assert!(run.all >= 360, "np {n_seqs}: {}", plans(&run));
+            assert!(
+                run.rate() >= 0.9 * w.best_rate(),
+                "np {n_seqs}: {:.3} of best ({})",
+                run.rate() / w.best_rate(),
+                plans(&run)
+            );
+            // and keeps drafting
+            let run = w.run(&mut p, 2000);
+            assert!(run.all >= 1990, "np {n_seqs}: {}", plans(&run));
+        }
+    }
+}
+
+#[test]
+fn the_first_steps_are_plain_then_one_block_is_timed() {
+    // nothing tells what a draft decode costs: one plain step, then one
+    // sequence's full block (in turn), then the model decides
+    let mut p = AdaptivePolicy::new(7);
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    assert_eq!(p.begin_step(at(0), 3), Plan::Plain);
+    p.draft_done(at(1));
+    p.verify_seen(at(10), 3);
+    assert_eq!(p.begin_step(at(11), 3), Plan::Draft { only: Some(0), n_max: 1 });
+    let plan = Plan::Draft { only: Some(1), n_max: 2 };
+    assert_eq!((plan.cap(0, 7), plan.cap(1, 7), plan.cap(1, 1)), (0, 2, 1));
+    assert_eq!(Plan::All.cap(2, 7), 7);
+    assert_eq!(plan.block_rows(2), 3);
+}
+
+#[test]
+fn the_policy_times_steps_and_verifies_itself() {
+    let mut p = AdaptivePolicy::new(3);
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    assert_eq!(p.begin_step(at(0), 1), Plan::Plain, "a plain step first");
+    p.draft_done(at(2));
+    p.verify_seen(at(12), 4);
+    p.verify_seen(at(15), 9); // only the first rows after a draft are its verify batch
+    p.accepted(&[0.9, 0.9, 0.9], 3);
+    p.begin_step(at(20), 1);
+    assert!((p.verify.predict(4, 0.0) - 0.010).abs() < 1e-9);
+    assert!(!p.verify.seen_rows(9));
+    // 20 ms of wall, 10 of them the verify: 10 ms of host time
+    assert!((p.overhead.value - 0.010).abs() < 1e-9, "{}", p.overhead.value);
+    assert!((p.elapsed - 0.020).abs() < 1e-9);
+}
+
+#[test]
+fn a_slowed_down_first_step_does_not_start_drafting_where_rows_are_dear() {
+    // drafts cheap against a step but rows dear (two thirds of a step each),
+    // and the first plain step slowed down threefold
+    for n_seqs in [1, 2, 4] {
+        let w = World {
+            target: TargetCost::Line { step: 0.030, per_row: 0.020, jump: 0.0 },
+            first_slowdown: 3.0,
+            ..gpu(n_seqs, 0.5)
+        };
+        let mut p = AdaptivePolicy::new(7);
+        let steps = 128;
+        let run = w.run(&mut p, steps);
+        // plain steps would have lost the slowed-down first step too
+        let plain_seconds = (steps as f64 + w.first_slowdown - 1.0) * 0.030;
+        let ratio = run.rate() / (n_seqs * steps) as f64 * plain_seconds;
+        assert!(ratio >= 0.97, "np {n_seqs}: {ratio:.3} of plain ({})", plans(&run));
+    }
+}
+
+#[test]
+fn where_drafting_pays_noisy_timing_does_not_turn_it_off() {
+    // one decode in ten three times slower, and/or the machine slowing down
+    // after the first steps
+    let (mut late, mut never, mut all, mut steps) = (Vec::new(), Vec::new(), 0, 0);
+    for n_seqs in [1, 2, 4] {
+        for (p_spike, drift) in [(0.1, 1.0), (0.0, 2.0), (0.1, 2.0), (0.0, 3.0)] {
+            for seed in 0..8 {
+                let w = World { p_spike, spike: 3.0, drift_after: 6, drift, seed, ..gpu(n_seqs, 0.6) };
+                let mut p = AdaptivePolicy::new(7);
+                let run = w.run(&mut p, 200);
+                (all, steps) = (all + run.all, steps + 200);
+                if run.all >= 170 {
+                    continue;
+                }
+                // slowed-down decodes among the first drafts' may make rows
+                // read dear for a while, never for good
+                let name = format!("np {n_seqs}, spikes {p_spike}, drift {drift}, seed {seed}: {}", plans(&run));
+                let next = w.run(&mut p, 200);
+                if next.all < 190 {
+                    never.push(format!("{name}, then {}", plans(&next)));
+                }
+                late.push(name);
+            }
+        }
+    }
+    assert!(never.is_empty(), "{never:#?}");
+    assert!(late.len() <= 4, "{late:#?}");
+    assert!(all * 100 >= steps * 90, "drafted for all in {all} of {steps} steps");
+}
+
+#[test]
+fn an_unlucky_start_does_not_hold_drafting_off_where_it_pays() {
+    for n_seqs in [1, 4] {
+        let w = World { unlucky: 4, ..gpu(n_seqs, 0.7) };
+        let mut p = AdaptivePolicy::new(7);
+        let run = w.run(&mut p, 200);
+        assert!(run.all >= 180, "np {n_seqs}: {}", plans(&run));
+    }
+}
+
+#[test]
+fn where_acceptance_falls_after_an_easy_start_drafting_stops() {
+    // the demo's prompt on a 2-core CPU: a plain step 11 ms, verify rows 4.2
+    // ms and the first 0.8 ms more, draft decodes 3.4 ms + 0.6 ms a row;
+    // first tokens accepted nine times in ten for 24 steps, then fewer
+    for (early, late) in [(0.9, 0.6), (0.95, 0.5), (0.85, 0.6), (0.8, 0.55), (0.9, 0.7)] {
+        for seed in 0..4 {
+            let w = World {
+                target: TargetCost::Line { step: 0.011, per_row: 0.0042, jump: 0.0008 },
+                draft_fixed: 0.0034,
+                draft_row: 0.0006,
+                later: Some((24, late)),
+                seed,
+                ..World::cpu(1, early)
+            };
+            let mut p = AdaptivePolicy::new(7);
+            let run = w.run(&mut p, 128);
+            let ratio = run.rate() / w.plain_rate();
+            assert!(ratio >= 0.98, "p {early} then {late}, seed {seed}: {ratio:.4} ({})", plans(&run));
+        }
+    }
+}
+
+#[test]
+fn a_position_rejected_early_is_drafted_again_where_it_pays() {
+    // verify rows at a third of a step, acceptance 0.95: long drafts pay
+    // 1.4-1.6x; a position whose first trials were rejected must be drafted
+    // again (its posterior is wide) or the cut stays short
+    for (jump, per_row) in [(0.0023, 0.0036), (0.0, 0.0036)] {
+        for seed in 0..9 {
+            let w = World { seed, ..cpu_easy_prompt(0.95, jump, per_row) };
+            let best = w.best_rate() / w.plain_rate();
+            assert!(best > 1.4, "{best}");
+            let mut p = AdaptivePolicy::new(7);
+            // the first trials at the third position rejected
+            for _ in 0..3 {
+                p.acceptance.observe(&[0.5; 3], 2);
+            }
+            w.run(&mut p, 128);
+            let run = w.run(&mut p, 5000);
+            let ratio = run.rate() / w.plain_rate();
+            assert!(
+                ratio >= 1.0 + 0.85 * (best - 1.0),
+                "jump {jump}, seed {seed}: {ratio:.3} (best {best:.3}) ({})",
+                plans(&run)
+            );
+        }
+    }
+}
+
+#[test]
+fn where_drafting_never_lands_on_a_gpu_it_stops() {
+    let w = gpu(4, 0.0);
+    let mut p = AdaptivePolicy::new(7);
+    let run = w.run(&mut p, 2000);
+    let ratio = run.rate() / w.plain_rate();
+    assert!(ratio >= 0.98, "{ratio:.3} ({})", plans(&run));
+}
+
+/// A policy that has seen plain steps of `step` seconds for one sequence, a
+/// verify row at `per_row`, draft decodes of `draft`, and whose current
+/// step drafts for every sequence at the rate of plain steps, draws at 0.
+fn warmed(step: f64, per_row: f64, draft: f64) -> AdaptivePolicy {
+    let mut p = AdaptivePolicy::new(7);
+    for i in 0..400 {
+        let rows = 1 + i % 8;
+        p.verify.observe(rows, step + (rows - 1) as f64 * per_row);
+        p.draft.observe(8, draft);
+    }
+    p.step = Step { requests: 1, tokens: 1, rows: 1, offsets: vec![0.0; 7], ..Step::default() };
+    p.step.rho = p.plain_rate(1);
+    p
+}
+
+fn node(parent: i32, depth: usize, prob: f32) -> crate::tree::Node {
+    // distinct tokens for siblings: the probability's bits will do
+    crate::tree::Node { token: (prob * 100.0) as i32, parent, depth, prob, path_prob: prob, candidate: 0, ngram: 0 }
+}
+
+#[test]
+fn cheap_rows_keep_the_whole_draft_and_dear_ones_cut_unlikely_tokens() {
+    let mut cheap = warmed(0.020, 1e-6, 0.002);
+    cheap.acceptance.observe(&[0.3; 7], 2);
+    assert_eq!(cheap.keep(&[0.3; 7]), 7);
+    // each extra row a third of a token's time
+    let mut dear = warmed(0.020, 0.006, 0.002);
+    for _ in 0..100 {
+        dear.acceptance.observe(&[0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2], 2);
+    }
+    assert_eq!(dear.keep(&[0.9, 0.9, 0.2, 0.2, 0.2, 0.2, 0.2]), 2);
+}
+
+#[test]
+fn free_rows_of_a_flat_stretch_are_spent_and_a_dear_one_is_not() {
+    // a step at 9 rows and flat to 16 (a 3090's mat-vec limit): 15 tokens of
+    // acceptance 0.55 after a sure first; 8 rows go, the 9th row costs half
+    // a step, and the rows after it are free
+    let mut p = warmed(0.020, 0.0, 0.002);
+    for r in 9..=16 {
+        for _ in 0..40 {
+            p.verify.observe(r, 0.030);
+        }
+    }
+    for _ in 0..400 {
+        p.acceptance.observe(&[0.5; 15], 0);
+        p.acceptance.observe(&[0.5; 15], 15);
+    }
+    // deep positions with a high acceptance: all 15 pay for the step
+    let high = p.keep(&[0.5; 15]);
+    assert_eq!(high, 15, "{high}");
+    // a weak chain: the rows up to the step only
+    let mut weak = warmed(0.020, 0.0, 0.002);
+    for r in 9..=16 {
+        for _ in 0..40 {
+            weak.verify.observe(r, 0.030);
+        }
+    }
+    for _ in 0..400 {
+        weak.acceptance.observe(&[0.5; 15], 0);
+    }
+    weak.acceptance.observe(&[0.5; 15], 15);
+    let kept = weak.keep(&[0.5; 15]);
+    assert!((1..=8).contains(&kept), "{kept}");
+    // the step's rows are shared: a second sequence finds the 8 rows taken
+    assert_eq!(weak.step.rows, 1 + kept);
+}
+
+#[test]
+fn trees_are_cut_to_the_nodes_that_pay_for_their_rows() {
+    // best-first: a confident chain 0 -> 1, then a weak sibling of node 0
+    let tree = Tree::from_nodes(vec![node(-1, 1, 0.9), node(0, 2, 0.9), node(-1, 1, 0.05)]).unwrap();
+    let mut cheap = warmed(0.020, 1e-6, 0.002);
+    assert_eq!(cheap.keep_tree(&tree, |_| 0.0), 3);
+    // rows at a third of a token: the weak sibling does not pay
+    let dear = || {
+        let mut p = warmed(0.020, 0.006, 0.002);
+        for _ in 0..100 {
+            p.acceptance.observe(&[0.9, 0.9, 0.9], 3);
+            p.acceptance.observe(&[0.05], 0);
+        }
+        p
+    };
+    assert_eq!(dear().keep_tree(&tree, |_| 0.0), 2);
+    // a weak node before a strong one is kept when the strong one pays for both
+    let deep = Tree::from_nodes(vec![node(-1, 1, 0.9), node(-1, 1, 0.05), node(0, 2, 0.9)]).unwrap();
+    assert_eq!(dear().keep_tree(&deep, |_| 0.0), 3);
+    // and a first node that does not pay leaves no tree
+    let weak = Tree::from_nodes(vec![node(-1, 1, 0.05)]).unwrap();
+    assert_eq!(dear().keep_tree(&weak, |_| 0.0), 0);
+}
+
+#[test]
+fn siblings_share_what_the_first_pick_leaves() {
+    // chains of top picks accepted nine times in ten: the weak candidates'
+    // bin has no trials and takes the position's 0.9; the siblings share
+    // what the first node leaves (about a tenth)
+    let mut nodes = vec![node(-1, 1, 0.95), node(0, 2, 0.95)];
+    nodes.extend((0..15).map(|i| crate::tree::Node { token: 100 + i, ..node(-1, 1, 0.001 + 0.001 * i as f32) }));
+    let tree = Tree::from_nodes(nodes).unwrap();
+    let trained = |per_row: f64| {
+        let mut p = warmed(0.010, per_row, 0.002);
+        for _ in 0..20 {
+            p.acceptance.observe(&[0.95, 0.95], 2);
+        }
+        p.acceptance.observe(&[0.95, 0.95], 1);
+        p.acceptance.observe(&[0.95], 0);
+        p
+    };
+    // a row priced at 0.4 tokens: the chain pays, the siblings do not
+    assert_eq!(trained(0.004).keep_tree(&tree, |_| 0.0), 2);
+    // where rows are nearly free the first sibling is kept (and observed)
+    let kept = trained(1e-6).keep_tree(&tree, |_| 0.0);
+    assert!((3..=17).contains(&kept), "{kept}");
+}
+
+#[test]
+fn debug_trace() {
+    let w = World { p_spike: 0.1, spike: 3.0, drift_after: 6, drift: 1.0, seed: 3, ..gpu(4, 0.6) };
+    let mut p = AdaptivePolicy::new(7);
+    let run = w.run(&mut p, 40);
+    eprintln!("{}", plans(&run));
+    for r in [4, 5, 6, 8, 12] {
+        eprintln!("verify {r}: {:.4} seen {}", p.verify.predict(r, 0.0), p.verify.seen_rows(r));
+    }
+    for r in [2, 3, 8, 16, 32] {
+        eprintln!("draft {r}: {:.4} seen {}", p.draft.predict(r, 0.0), p.draft.seen_rows(r));
+    }
+}
