@@ -12,19 +12,17 @@ pub enum llama_spec_dflash2_walk {
     /// the previous pick (first maximum on ties).
     LLAMA_SPEC_DFLASH2_WALK_GREEDY = 0,
     /// The greedy chain, then as many of its tokens as pay for their
-    /// verification: the engine learns the acceptance per draft position and
-    /// lattice confidence, the host's verify time per row, its own draft decode
-    /// time per row and the tokens per second of whole steps; it keeps a token
-    /// while the chance that the target reaches and accepts it is at least the
-    /// achieved rate times the cost of verifying one more row. Each draft call is
-    /// one of: no draft (the first few calls, and whenever drafting is not expected
-    /// to pay), drafts for every requesting sequence (expected to pay and not
-    /// measured slower than not drafting), or a probe: one sequence in turn drafts
-    /// 1-2 tokens, the others none, to keep learning. Probes are spaced so that
-    /// what they are expected to lose against not drafting stays within 1% of the
-    /// time measured (a quarter of that once even the optimistic estimate says
-    /// drafting does not pay). Until a verify row's cost is measured it is priced
-    /// at what verify decodes cost per row so far. Drafts may differ from
+    /// verification, as one model measured online: the host's verify time
+    /// against the batch's total rows and the engine's draft decode time against
+    /// its rows, each a curve of any shape (flat, linear, in steps), and the
+    /// acceptance per draft position and lattice confidence. Each draft call
+    /// takes the plan with the most expected tokens per second under a draw
+    /// from those posteriors (Thompson sampling): no draft, one sequence in turn
+    /// drafting, or every requesting sequence drafting, at a draft length; each
+    /// draft then keeps the tokens whose expected acceptance pays for their
+    /// rows along the cost curve at that rate. A plan is only taken while what
+    /// it loses at worst against not drafting keeps the measured loss within 1%
+    /// of the time measured (plus one plain step). Drafts may differ from
     /// upstream's; outputs stay lossless.
     LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE = 1,
 }

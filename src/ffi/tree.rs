@@ -116,11 +116,11 @@ pub struct llama_spec_dflash2_tree_node {
 /// `n_requests`) the node count of each. A tree whose depth is below params.n_min
 /// is empty. With the adaptive walk (params.walk) the engine's controller
 /// decides per call (see LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE): no tree at all
-/// (every n_nodes is 0), a probe (one request's tree of 1-2 nodes, the others
-/// empty), or each grown tree cut to its first k nodes, the k that
+/// (every n_nodes is 0), one request's tree (in turn; the others empty), or
+/// every request's, each grown tree cut to its first k nodes, the k that
 /// maximizes the expected accepted tokens (measured acceptance by depth and
-/// edge probability) minus the measured cost of k more verify rows — a tree
-/// whose siblings do not pay becomes its chain. With the greedy walk trees
+/// edge probability) minus the measured cost of its k verify rows along the
+/// cost curve — a tree whose siblings do not pay becomes its chain. With the greedy walk trees
 /// always grow to their request.
 ///
 /// A request with temperature > 0 gets a sampled tree instead, for lossless
