@@ -12,8 +12,14 @@
 # else ../shared/models/smollm2-135m-dflash2-random.gguf, else a generated one.
 # Other options (scripts/bench.sh --help lists them, grouped): --np 1,2,4 --reps N
 # --n-predict N --n-max N --tree N --prompts FILE --modes ar,upstream,dflash2,... --threads N
-# --cost-world real|gpu-like --json PATH --svg PATH --temp T --seed S (T > 0: sampled target;
-# upstream sample-and-match, dflash2 sampled drafts with lossless rejection sampling).
+# --json PATH --svg PATH --temp T --seed S (T > 0: sampled target; upstream sample-and-match,
+# dflash2 sampled drafts with lossless rejection sampling).
+# Cost worlds (docs/bench.md#cost-worlds): --cost-world real (default) | flat | cuda-3090 |
+# cuda-4090 | metal-m4pro | FILE (a measured curve: a target decode of R rows takes
+# max(real, base x curve(R)), base set by --draft-share S, 0.15) | gpu-like (the flat upper
+# bound); --oracle adds the fixed plans (chains n_max 1..7, trees of 3..63 nodes) and the best
+# of them per np against dflash2-auto:
+#   scripts/bench.sh --cost-world cuda-3090 --np 1,4 --modes ar,upstream,dflash2-auto --oracle
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)

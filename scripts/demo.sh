@@ -11,8 +11,12 @@
 #                                   the image before the first prompt's text (libmtmd, built
 #                                   with scripts/server.sh build on the first such run)
 #
+#   scripts/demo.sh --cost-world cuda-3090
+#                                   the second set of runs in a measured GPU's cost world instead of
+#                                   the GPU-like one (the flat upper bound; docs/bench.md#cost-worlds)
+#
 # Options (scripts/demo.sh --help lists them, grouped): the demo's own (--walk, --tree,
-# --brief, --upstream) and the tools' (prompts, generation, sampling, the drafter,
+# --brief, --upstream, --cost-world, --draft-share) and the tools' (prompts, generation, sampling, the drafter,
 # the placement: --rpc H:P,H:P --device RPC0,RPC1 -ngl N -sm layer|tensor, a target
 # split by tensor over two llama.cpp RPC servers: docs/tensor-parallel.md).
 set -euo pipefail

@@ -61,11 +61,47 @@ struct mode_result {
     int n_identical() const { return (int) std::count(identical.begin(), identical.end(), true); }
 };
 
+// the oracle's fixed plans (--oracle): greedy chains of n_max K, mode dflash2@nK, and greedy trees of
+// N nodes, mode dflash2-tree@N; the size, or 0 for another mode
+int32_t plan_size(const std::string & mode, const std::string & prefix) {
+    if (mode.compare(0, prefix.size(), prefix) != 0 || mode.size() == prefix.size() || mode[prefix.size()] == '0') {
+        return 0;
+    }
+    int32_t n = 0;
+    for (size_t i = prefix.size(); i < mode.size(); ++i) {
+        if (mode[i] < '0' || mode[i] > '9' || n >= HOST_MAX_DRAFT) {
+            return 0;
+        }
+        n = n * 10 + (mode[i] - '0');
+    }
+    return n < HOST_MAX_DRAFT ? n : 0;
+}
+
+int32_t chain_plan(const std::string & mode) {
+    return plan_size(mode, "dflash2@n");
+}
+
+int32_t tree_plan(const std::string & mode) {
+    return plan_size(mode, "dflash2-tree@");
+}
+
+// the plans --oracle adds: chains n_max 1..7, trees of 3, 7, 15, 31 and 63 nodes
+std::vector<std::string> oracle_plans() {
+    std::vector<std::string> plans;
+    for (int k = 1; k <= 7; ++k) {
+        plans.push_back("dflash2@n" + std::to_string(k));
+    }
+    for (int n : { 3, 7, 15, 31, 63 }) {
+        plans.push_back("dflash2-tree@" + std::to_string(n));
+    }
+    return plans;
+}
+
 std::unique_ptr<host_drafter> make_drafter(const std::string & mode, host_target & tgt) {
     if (mode == "upstream") {
         return make_drafter_upstream(tgt);
     }
-    if (mode == "dflash2") {
+    if (mode == "dflash2" || chain_plan(mode) > 0) {
         return make_drafter_dflash2(tgt, LLAMA_SPEC_DFLASH2_WALK_GREEDY);
     }
     if (mode == "dflash2-libllama") {
@@ -86,10 +122,10 @@ bool is_ngram(const std::string & mode) {
     return std::any_of(modes.begin(), modes.end(), [&](const auto & m) { return m.first == mode; });
 }
 
-// modes whose host verifies trees: dflash2-tree (whole trees), dflash2-auto (the
+// modes whose host verifies trees: dflash2-tree and dflash2-tree@N (whole trees), dflash2-auto (the
 // adaptive controller: no draft, a chain or a tree each step)
 bool is_tree(const std::string & mode) {
-    return mode == "dflash2-tree" || mode == "dflash2-auto";
+    return mode == "dflash2-tree" || mode == "dflash2-auto" || tree_plan(mode) > 0;
 }
 
 // target-only with an engine on the target context, for measuring what the engine costs
@@ -103,6 +139,13 @@ bool is_diagnostic(const std::string & mode) {
 // the tree modes' speed is to be compared with when the cache layout itself costs
 bool on_tree_context(const std::string & mode) {
     return is_tree(mode) || mode == "ar-unified";
+}
+
+// the modes a run takes (--lockstep: all but llama.cpp's n-gram types)
+bool is_known(const std::string & mode, bool with_ngram) {
+    return mode == "ar" || mode == "upstream" || mode == "dflash2" || mode == "dflash2-libllama" ||
+           mode == "dflash2-adaptive" || chain_plan(mode) > 0 || is_tree(mode) || is_diagnostic(mode) ||
+           (with_ngram && is_ngram(mode));
 }
 
 // leaves (path sequence ids) per tree: np x (leaves + 1) ids within llama.cpp's 256
@@ -131,25 +174,6 @@ std::string cpu_model() {
     return "unknown";
 }
 
-std::string json_str(const std::string & s) {
-    std::string out = "\"";
-    for (char c : s) {
-        if (c == '"' || c == '\\') {
-            out += '\\';
-            out += c;
-        } else if (c == '\n') {
-            out += "\\n";
-        } else if ((unsigned char) c < 0x20) {
-            char buf[8];
-            snprintf(buf, sizeof(buf), "\\u%04x", c);
-            out += buf;
-        } else {
-            out += c;
-        }
-    }
-    return out + "\"";
-}
-
 const mode_result * find(const std::vector<mode_result> & results, const std::string & mode, int32_t np) {
     for (const auto & r : results) {
         if (r.mode == mode && r.np == np) {
@@ -163,7 +187,63 @@ double ratio(const mode_result * a, const mode_result * b) {
     return a && b && b->median().tokens_per_s() > 0 ? a->median().tokens_per_s() / b->median().tokens_per_s() : 0.0;
 }
 
-void print_table(const std::vector<mode_result> & results, const std::vector<int32_t> & nps, int n_max) {
+// --oracle at one np: the fastest of the fixed plans, and the modes the controller is held against
+struct oracle_row {
+    const mode_result * best = nullptr;
+    const mode_result * aut  = nullptr;
+    const mode_result * ar   = nullptr;
+    const mode_result * up   = nullptr;
+};
+
+oracle_row oracle_of(const std::vector<mode_result> & results, int32_t np) {
+    oracle_row o;
+    for (const auto & m : oracle_plans()) {
+        const mode_result * r = find(results, m, np);
+        if (r && (!o.best || r->median().tokens_per_s() > o.best->median().tokens_per_s())) {
+            o.best = r;
+        }
+    }
+    o.aut = find(results, "dflash2-auto", np);
+    o.ar  = find(results, "ar", np);
+    o.up  = find(results, "upstream", np);
+    return o;
+}
+
+// a / b's tok/s to 3 decimals, `missing` without either
+std::string ratio_or(const mode_result * a, const mode_result * b, const char * missing) {
+    return a && b ? string_format("%.3f", ratio(a, b)) : missing;
+}
+
+std::string identical_of(const mode_result & r) {
+    return r.comparable ? std::to_string(r.n_identical()) + "/" + std::to_string(r.identical.size()) : "-";
+}
+
+// per np: every mode of the run with the fixed plans among them (* the best), then the best and
+// the controller's share of it
+void print_oracle(const std::vector<mode_result> & results, const std::vector<int32_t> & nps, const host_cost_world & world) {
+    for (int32_t np : nps) {
+        const oracle_row o = oracle_of(results, np);
+        printf("\noracle np=%d, cost world %s (* the best fixed plan; rows/step: rows of a verify decode, all sequences)\n",
+                np, world.name().c_str());
+        printf("  %-17s %9s %6s %10s %9s %20s\n", "plan", "tok/s", "tau", "rows/step", "identical", "decodes over world");
+        for (const auto & r : results) {
+            if (r.np != np) {
+                continue;
+            }
+            const host_stats & s = r.median();
+            char over[48];
+            snprintf(over, sizeof(over), "%lld/%lld", (long long) s.n_verify_over, (long long) s.n_verify_decodes);
+            printf("  %c%-16s %9.1f %6.2f %10.2f %9s %20s\n", &r == o.best ? '*' : ' ', r.mode.c_str(), s.tokens_per_s(),
+                    s.tau(), s.verify_rows_per_step(), identical_of(r).c_str(), world.is_real() ? "-" : over);
+        }
+        printf("  np=%d best fixed plan: %s (%.1f tok/s); dflash2-auto/best %s, dflash2-auto/ar %s, dflash2-auto/upstream %s\n",
+                np, o.best ? o.best->mode.c_str() : "-", o.best ? o.best->median().tokens_per_s() : 0.0,
+                ratio_or(o.aut, o.best, "-").c_str(), ratio_or(o.aut, o.ar, "-").c_str(), ratio_or(o.aut, o.up, "-").c_str());
+    }
+}
+
+void print_table(const std::vector<mode_result> & results, const std::vector<int32_t> & nps, int n_max,
+        const host_cost_world & world) {
     printf("\n%-3s %-16s %22s %9s %9s %6s %16s %9s %9s  %s\n", "np", "mode", "tok/s median [min..max]", "tok/cpu-s", "tok/s/seq",
             "tau", "accepted/drafted", "identical", "verify ms", "drafter ms: process / draft / accept (inject, noise, walk)");
     for (int32_t np : nps) {
@@ -175,14 +255,8 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             char tps[64], acc[32];
             snprintf(tps, sizeof(tps), "%.1f [%.1f..%.1f]", s.tokens_per_s(), r.tps_min(), r.tps_max());
             snprintf(acc, sizeof(acc), "%lld/%lld", (long long) s.n_accepted, (long long) s.n_drafted);
-            char same[32];
-            if (r.comparable) {
-                snprintf(same, sizeof(same), "%d/%zu", r.n_identical(), r.identical.size());
-            } else {
-                snprintf(same, sizeof(same), "-");
-            }
             printf("%-3d %-16s %22s %9.1f %9.1f %6.2f %16s %9s %9.1f", np, r.mode.c_str(), tps, r.cpu_median(), s.tokens_per_s() / np,
-                    s.tau(), r.mode == "ar" ? "-" : acc, same, s.t_target_us / 1e3);
+                    s.tau(), r.mode == "ar" ? "-" : acc, identical_of(r).c_str(), s.t_target_us / 1e3);
             if (r.mode != "ar") {
                 printf("  %.1f / %.1f / %.1f", s.t_process_us / 1e3, s.t_draft_us / 1e3, s.t_accept_us / 1e3);
                 if (s.has_split) {
@@ -227,6 +301,18 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 if (r.np == np && r.mode != "ar") {
                     printf(" %s %.3f | %.3f", r.mode.c_str(), ratio(&r, a),
                             a->cpu_median() > 0 ? r.cpu_median() / a->cpu_median() : 0.0);
+                }
+            }
+            printf("\n");
+        }
+        // the decodes the world could not slow to its time (they ran slower here than it models)
+        if (!world.is_real()) {
+            printf("    np=%d target decodes over the world's time (it did not hold there), verify | prefill:", np);
+            for (const auto & r : results) {
+                if (r.np == np) {
+                    const host_stats & s = r.median();
+                    printf(" %s %lld/%lld | %lld/%lld", r.mode.c_str(), (long long) s.n_verify_over,
+                            (long long) s.n_verify_decodes, (long long) s.n_prefill_over, (long long) s.n_prefill_decodes);
                 }
             }
             printf("\n");
@@ -286,33 +372,33 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
 }
 
 void write_json(const std::string & path, const host_args & args, const std::vector<std::string> & prompts,
-        const std::vector<mode_result> & results, int reps, const host_cost_world & world) {
+        const std::vector<mode_result> & results, int reps, const host_cost_world & world, bool oracle) {
     std::ofstream out(path);
     if (!out) {
         throw std::runtime_error("cannot write " + path);
     }
     const host_params & p = args.params;
-    out << "{\n  \"machine\": {\"cpu\": " << json_str(cpu_model()) << ", \"hardware_threads\": "
+    out << "{\n  \"machine\": {\"cpu\": " << host_json_str(cpu_model()) << ", \"hardware_threads\": "
         << std::thread::hardware_concurrency() << ", \"threads\": " << p.n_threads << "},\n";
-    out << "  \"cache_type_k\": " << json_str(ggml_type_name(p.cache_type_k)) << ", \"cache_type_v\": "
-        << json_str(ggml_type_name(p.cache_type_v)) << ",\n";
-    out << "  \"llama_cpp\": " << json_str(llama_print_system_info()) << ",\n";
-    out << "  \"dflash2\": " << json_str(dflash2::version()) << ",\n";
-    out << "  \"target\": " << json_str(p.path_target) << ",\n  \"draft\": " << json_str(p.path_draft) << ",\n";
+    out << "  \"cache_type_k\": " << host_json_str(ggml_type_name(p.cache_type_k)) << ", \"cache_type_v\": "
+        << host_json_str(ggml_type_name(p.cache_type_v)) << ",\n";
+    out << "  \"llama_cpp\": " << host_json_str(llama_print_system_info()) << ",\n";
+    out << "  \"dflash2\": " << host_json_str(dflash2::version()) << ",\n";
+    out << "  \"target\": " << host_json_str(p.path_target) << ",\n  \"draft\": " << host_json_str(p.path_draft) << ",\n";
     out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps
         << ", \"target_min_ms\": " << world.floor_ms << ",\n";
     out << "  \"cost_world\": " << world.json() << ",\n";
     out << "  \"temp\": " << p.temp << ", \"seed\": " << p.seed << ", \"sampler_chain\": "
-        << json_str(p.temp > 0 ? "temp, dist" : "greedy") << ",\n";
+        << host_json_str(p.temp > 0 ? "temp, dist" : "greedy") << ",\n";
     out << "  \"prompts\": [";
     for (size_t i = 0; i < prompts.size(); ++i) {
-        out << (i ? ", " : "") << json_str(prompts[i]);
+        out << (i ? ", " : "") << host_json_str(prompts[i]);
     }
     out << "],\n  \"results\": [\n";
     for (size_t k = 0; k < results.size(); ++k) {
         const mode_result & r = results[k];
         const host_stats  & s = r.median();
-        out << "    {\"np\": " << r.np << ", \"mode\": " << json_str(r.mode) << ", \"tokens_per_s\": {\"median\": "
+        out << "    {\"np\": " << r.np << ", \"mode\": " << host_json_str(r.mode) << ", \"tokens_per_s\": {\"median\": "
             << s.tokens_per_s() << ", \"min\": " << r.tps_min() << ", \"max\": " << r.tps_max() << ", \"runs\": [";
         for (size_t i = 0; i < r.runs.size(); ++i) {
             out << (i ? ", " : "") << r.tps(i);
@@ -324,6 +410,9 @@ void write_json(const std::string & path, const host_args & args, const std::vec
         out << "]}, \"tokens_per_s_per_seq\": " << s.tokens_per_s() / r.np << ", \"generated\": " << s.n_generated
             << ", \"decode_ms\": " << s.t_total_us / 1e3 << ", \"seq_steps\": " << s.n_seq_steps
             << ", \"drafted\": " << s.n_drafted << ", \"accepted\": " << s.n_accepted << ", \"tau\": " << s.tau()
+            << ", \"verify_decodes\": " << s.n_verify_decodes << ", \"verify_rows\": " << s.n_verify_rows
+            << ", \"verify_rows_per_step\": " << s.verify_rows_per_step() << ", \"decodes_over_world\": {\"verify\": "
+            << s.n_verify_over << ", \"prefill\": " << s.n_prefill_over << ", \"prefill_decodes\": " << s.n_prefill_decodes << "}"
             << ", \"acceptance_by_position\": [";
         for (int j = 0; j < p.n_max && j < HOST_MAX_DRAFT; ++j) {
             out << (j ? ", " : "") << (s.drafted_at[j] ? (double) s.accepted_at[j] / s.drafted_at[j] : 0.0);
@@ -337,7 +426,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             out << "], \"tree_shapes\": {";
             bool first = true;
             for (const auto & [shape, n] : s.shapes) {
-                out << (first ? "" : ", ") << json_str(shape) << ": " << n;
+                out << (first ? "" : ", ") << host_json_str(shape) << ": " << n;
                 first = false;
             }
             out << "}, \"one_pass_rows\": " << s.n_one_pass_rows << ", \"unparked\": " << s.n_unparked;
@@ -391,6 +480,33 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ", \"dflash2_tree_over_ar\": " << ratio(find(results, "dflash2-tree", np), find(results, "ar", np))
             << ", \"dflash2_auto_over_ar\": " << ratio(find(results, "dflash2-auto", np), find(results, "ar", np))
             << "}" << (k + 1 < nps.size() ? "," : "") << "\n";
+    }
+    out << "  ],\n  \"oracle\": ";
+    if (!oracle) {
+        out << "null\n}\n";
+        return;
+    }
+    out << "[\n";
+    for (size_t k = 0; k < nps.size(); ++k) {
+        const oracle_row o = oracle_of(results, nps[k]);
+        out << "    {\"np\": " << nps[k] << ", \"best\": " << host_json_str(o.best ? o.best->mode : "")
+            << ", \"best_tokens_per_s\": " << (o.best ? o.best->median().tokens_per_s() : 0.0)
+            << ", \"dflash2_auto_over_best\": " << ratio_or(o.aut, o.best, "null") << ", \"dflash2_auto_over_ar\": "
+            << ratio_or(o.aut, o.ar, "null") << ", \"dflash2_auto_over_upstream\": " << ratio_or(o.aut, o.up, "null")
+            << ", \"plans\": [";
+        bool first = true;
+        for (const auto & r : results) {
+            if (r.np != nps[k]) {
+                continue;
+            }
+            const host_stats & s = r.median();
+            out << (first ? "" : ", ") << "{\"mode\": " << host_json_str(r.mode) << ", \"tokens_per_s\": "
+                << s.tokens_per_s() << ", \"tau\": " << s.tau() << ", \"verify_rows_per_step\": "
+                << s.verify_rows_per_step() << ", \"identical\": " << (r.comparable ? r.n_identical() : -1)
+                << ", \"prompts\": " << r.identical.size() << ", \"decodes_over_world\": " << s.n_verify_over << "}";
+            first = false;
+        }
+        out << "]}" << (k + 1 < nps.size() ? "," : "") << "\n";
     }
     out << "  ]\n}\n";
 }
@@ -458,24 +574,34 @@ void write_svg(const std::string & path, const std::vector<mode_result> & result
     out << "</svg>\n";
 }
 
-// the trees' sizes of a run: --tree for dflash2-tree, --auto-tree for dflash2-auto, and
-// the sequence ids of the larger on every tree context, so that both modes share them
+// the trees' sizes of a run: --tree for dflash2-tree, --auto-tree for dflash2-auto, N for
+// dflash2-tree@N, and the sequence ids of the largest on every tree context, so that all share them
 struct tree_sizes {
     int32_t n_tree;
     int32_t n_auto;
+    int32_t n_largest = 0; // the largest dflash2-tree@N of the run
 
-    int32_t nodes(const std::string & mode) const { return mode == "dflash2-auto" ? n_auto : n_tree; }
-    int32_t n_ids() const { return std::max(n_tree, n_auto); }
+    int32_t nodes(const std::string & mode) const {
+        return tree_plan(mode) > 0 ? tree_plan(mode) : mode == "dflash2-auto" ? n_auto : n_tree;
+    }
+    int32_t n_ids() const { return std::max({ n_tree, n_auto, n_largest }); }
 };
 
 // a mode's host on tgt for np sequences, its context reset for the mode (the tree
 // modes and ar-unified on a unified cache with the trees' sequence ids)
+// (dflash2@nK: the run's n_max is K while it lives)
 struct mode_host {
     std::unique_ptr<host_drafter>   drafter;
     std::unique_ptr<host_tree_host> tree;
     host_wave_factory               waves;
+    host_target &                   tgt;
+    int32_t                         n_max;
 
-    mode_host(const std::string & mode, host_target & tgt, int32_t np, const tree_sizes & sizes) {
+    mode_host(const std::string & mode, host_target & tgt, int32_t np, const tree_sizes & sizes)
+        : tgt(tgt), n_max(tgt.params.n_max) {
+        if (chain_plan(mode) > 0) {
+            tgt.params.n_max = chain_plan(mode);
+        }
         if (on_tree_context(mode)) {
             tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, sizes.n_ids())));
         } else {
@@ -493,6 +619,9 @@ struct mode_host {
         }
         waves = host_chain_waves(mode == "ar-attached" ? nullptr : drafter.get());
     }
+    ~mode_host() { tgt.params.n_max = n_max; }
+    mode_host(const mode_host &) = delete;
+    mode_host & operator=(const mode_host &) = delete;
 };
 
 // --lockstep A,B: the two modes generate in rounds of 16 steps (host_generate_lockstep),
@@ -505,10 +634,9 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
         throw std::runtime_error("--lockstep takes two modes: A,B");
     }
     for (const auto & m : ab) {
-        if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-libllama" && m != "dflash2-adaptive" &&
-                !is_tree(m) && !is_diagnostic(m)) {
+        if (!is_known(m, false)) {
             throw std::runtime_error("--lockstep runs ar, upstream, dflash2, dflash2-libllama, dflash2-adaptive, dflash2-tree, dflash2-auto, "
-                    "ar-attached, ar-fed or ar-unified, not " + m);
+                    "dflash2@nK, dflash2-tree@N, ar-attached, ar-fed or ar-unified, not " + m);
         }
     }
     host_target tgt_b(tgt, 0); // a second context on the same model (the weights are read from one place)
@@ -554,30 +682,44 @@ static const char * usage_bench() {
            "                  ar-fed, ar-unified\n"
            "  --tree N        nodes per tree of dflash2-tree (--n-max)   --auto-tree N  the controller's largest (63)\n"
            "  --reps N (3)    --lockstep A,B  two modes in turns of 16 steps (an A/B under the same load)\n"
-           "  --cost-world real|gpu-like  gpu-like: every target decode padded to what the run's largest verify\n"
-           "                  batch takes here (verify rows nearly free; docs/bench.md)\n"
+           "  --cost-world NAME|FILE  real (default); flat, cuda-3090, cuda-4090, metal-m4pro or a curve FILE: a\n"
+           "                  target decode of R rows takes max(real, base x curve(R)); gpu-like: every target decode\n"
+           "                  padded to the run's largest verify batch (the flat upper bound; docs/bench.md)\n"
+           "  --draft-share S a real draft decode is S of a one-row target decode there (0.15; sets base)\n"
+           "  --oracle        also the fixed plans dflash2@n1..7 (chains) and dflash2-tree@3,7,15,31,63, and\n"
+           "                  per np the best of them against dflash2-auto, ar and upstream\n"
            "  --ngram-size-n N --ngram-size-m M  llama.cpp's n-gram types' sizes   --json PATH --svg PATH\n";
 }
 
 int main(int argc, char ** argv) {
     try {
         host_args args = host_parse_args(argc, argv, { "--modes", "--reps", "--json", "--svg", "--tree", "--lockstep",
-                "--cost-world", "--ngram-size-n", "--ngram-size-m", "--auto-tree" });
+                "--cost-world", "--ngram-size-n", "--ngram-size-m", "--auto-tree", "--draft-share" });
         if (args.help) {
             printf("%s%s", usage_bench(), host_args_usage());
             return 0;
         }
-        if (!args.flags.empty()) {
-            throw std::runtime_error("unknown option " + args.flags[0]);
-        }
-        const std::vector<std::string> modes = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
-        for (const auto & m : modes) {
-            if (m != "ar" && m != "upstream" && m != "dflash2" && m != "dflash2-libllama" && m != "dflash2-adaptive" &&
-                    !is_tree(m) && !is_diagnostic(m) && !is_ngram(m)) {
-                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-libllama, dflash2-adaptive, dflash2-tree, dflash2-auto, "
-                        "ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache, ar-attached, ar-fed)");
+        const bool oracle = std::count(args.flags.begin(), args.flags.end(), "--oracle") > 0;
+        for (const auto & f : args.flags) {
+            if (f != "--oracle") {
+                throw std::runtime_error("unknown option " + f);
             }
         }
+        // the modes asked (the chart's), then the oracle's plans not among them
+        const std::vector<std::string> asked = split(args.values.count("--modes") ? args.values["--modes"] : "ar,upstream,dflash2,dflash2-adaptive");
+        std::vector<std::string> modes = asked;
+        for (const auto & m : oracle ? oracle_plans() : std::vector<std::string>()) {
+            if (std::find(modes.begin(), modes.end(), m) == modes.end()) {
+                modes.push_back(m);
+            }
+        }
+        for (const auto & m : modes) {
+            if (!is_known(m, true)) {
+                throw std::runtime_error("unknown mode " + m + " (ar, upstream, dflash2, dflash2-libllama, dflash2-adaptive, dflash2-tree, dflash2-auto, "
+                        "dflash2@nK, dflash2-tree@N, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache, ar-attached, ar-fed)");
+            }
+        }
+        const host_world_choice world_choice = host_world_choice_of(args.values, "real");
         // tree nodes per step (verify rows beyond the anchor): as many as the chain's by default
         const int32_t n_tree = args.values.count("--tree") ? host_parse_int_list("--tree", args.values["--tree"])[0]
                                                            : args.params.n_max;
@@ -590,7 +732,13 @@ int main(int argc, char ** argv) {
         const auto has_mode = [&](const char * m) {
             return std::count(modes.begin(), modes.end(), m) + std::count(lockstep.begin(), lockstep.end(), m) > 0;
         };
-        const tree_sizes sizes      = { n_tree, has_mode("dflash2-auto") ? n_auto : 0 };
+        tree_sizes sizes = { n_tree, has_mode("dflash2-auto") ? n_auto : 0 };
+        for (const auto & m : modes) {
+            sizes.n_largest = std::max(sizes.n_largest, tree_plan(m));
+        }
+        for (const auto & m : lockstep) {
+            sizes.n_largest = std::max(sizes.n_largest, tree_plan(m));
+        }
         const int32_t    n_tree_ids = sizes.n_ids();
         const int reps = args.values.count("--reps") ? host_parse_int_list("--reps", args.values["--reps"])[0] : 3;
         for (auto [flag, field] : { std::pair<const char *, int32_t *>{ "--ngram-size-n", &args.params.ngram_size_n },
@@ -626,18 +774,14 @@ int main(int argc, char ** argv) {
         printf("target context: %d cells%s\n", tgt.params.n_ctx,
                 args.params.n_ctx > 0 ? "" : " (what the run's trees park at most; --ctx-size sets it)");
 
-        if (args.values.count("--lockstep")) {
-            return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps, sizes);
-        }
-
-        const std::string world_name = args.values.count("--cost-world") ? args.values["--cost-world"] : "real";
-        if (world_name != "real" && world_name != "gpu-like") {
-            throw std::runtime_error("--cost-world is real or gpu-like, got " + world_name);
-        }
-        const host_cost_world world = host_set_cost_world(tgt, world_name == "gpu-like", prompts[0], np_max,
+        // every mode of the run (--lockstep's too) in the one world
+        const host_cost_world world = host_set_world(tgt, world_choice, prompts, np_max,
                 any_tree ? host_tree_seq_ids(np_max, tree_leaves(np_max, n_tree_ids)) : 0,
                 1 + std::max(args.params.n_max, any_tree ? n_tree_ids : 0));
         printf("%s\n", world.describe().c_str());
+        if (args.values.count("--lockstep")) {
+            return run_lockstep(args, tgt, prompts, args.values["--lockstep"], reps, sizes);
+        }
 
         std::vector<mode_result> results;
         for (int32_t np : args.np_list) {
@@ -646,11 +790,10 @@ int main(int argc, char ** argv) {
                 // sampled dflash2 drafts are verified with other random draws than target-only's
                 at_np.push_back({ m, np, {}, {}, 0, !tgt.sampled() || m == "ar" || m == "upstream", {} });
             }
-            // the target-only output every run is compared with
+            // the target-only output every run is compared with; the references are outputs, not
+            // timings: at the real cost (a cost world would pad them too)
+            std::unique_ptr<host_world_off> real = std::make_unique<host_world_off>(tgt);
             tgt.reset_context(np);
-            // the references are outputs, not timings: no floor (the GPU-like world would pad them too)
-            const int32_t floor_ms = tgt.params.target_min_ms;
-            tgt.params.target_min_ms = 0;
             const std::vector<std::vector<llama_token>> reference = host_generate(tgt, nullptr, prompts).tokens;
             // trees verify in a unified KV cache, which at np > 1 rounds differently from the split
             // cache of the other modes: their outputs are compared with target-only on a context like theirs
@@ -659,7 +802,7 @@ int main(int argc, char ** argv) {
                 tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
                 reference_tree = host_generate(tgt, nullptr, prompts).tokens;
             }
-            tgt.params.target_min_ms = floor_ms;
+            real.reset();
             for (auto & r : at_np) {
                 r.identical.assign(prompts.size(), true);
             }
@@ -689,9 +832,12 @@ int main(int argc, char ** argv) {
             }
         }
 
-        print_table(results, args.np_list, args.params.n_max);
-        write_json(path_json, args, args.prompts, results, reps, world);
-        write_svg(path_svg, results, args.np_list, modes);
+        print_table(results, args.np_list, args.params.n_max, world);
+        if (oracle) {
+            print_oracle(results, args.np_list, world);
+        }
+        write_json(path_json, args, args.prompts, results, reps, world, oracle);
+        write_svg(path_svg, results, args.np_list, asked);
         printf("\nwrote %s and %s\n", path_json.c_str(), path_svg.c_str());
         return 0;
     } catch (const std::exception & e) {

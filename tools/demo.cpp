@@ -8,9 +8,10 @@
 // included), whatever pays on this machine; --walk greedy runs the greedy chain
 // (llama.cpp's own drafts). Next to it, what the drafter achieves when it drafts
 // every step (the greedy chain and a tree of --tree nodes), and the same runs in
-// the GPU-like cost world (every target decode padded to what the largest verify
-// batch costs here: verify rows nearly free, as for a large model on a GPU), so
-// the controller's verdict on this machine reads against both.
+// a cost world (--cost-world): by default the GPU-like one (every target decode
+// padded to what the largest verify batch costs here: verify rows free, the flat
+// upper bound), or a measured GPU's curve (tools/host/cost-world.cpp), so the
+// controller's verdict on this machine reads against both.
 #include "args.h"
 #include "host.h"
 #ifdef HOST_WITH_MTMD
@@ -115,13 +116,17 @@ static const char * usage_demo() {
            "demo\n"
            "  --walk adaptive|greedy  dflash2's default: the controller (adaptive) or the greedy chain\n"
            "  --tree N        most nodes of the controller's trees and of the every-step tree (63, as llama-server's)\n"
-           "  --brief         target-only and the default only: no every-step rows, no GPU-like world\n"
+           "  --brief         target-only and the default only: no every-step rows, no cost world\n"
+           "  --cost-world NAME|FILE  the runs again in a cost world: gpu-like (default: every target decode padded\n"
+           "                  to the largest verify's time, the flat upper bound), flat, cuda-3090, cuda-4090,\n"
+           "                  metal-m4pro or a curve FILE (max(real, base x curve(rows))), real (none; docs/bench.md)\n"
+           "  --draft-share S a curve world's draft decode: S of a one-row target decode (0.15)\n"
            "  --upstream      also run llama.cpp's own draft-dflash\n";
 }
 
 int main(int argc, char ** argv) {
     try {
-        host_args args = host_parse_args(argc, argv, { "--walk", "--tree" });
+        host_args args = host_parse_args(argc, argv, { "--walk", "--tree", "--cost-world", "--draft-share" });
         if (args.help) {
             printf("%s%s", usage_demo(), host_args_usage());
             return 0;
@@ -135,6 +140,7 @@ int main(int argc, char ** argv) {
         if (n_tree < 1 || n_tree > HOST_MAX_DRAFT) {
             throw std::runtime_error("--tree needs 1 to " + std::to_string(HOST_MAX_DRAFT) + " nodes");
         }
+        const host_world_choice world_choice = host_world_choice_of(args.values, "gpu-like");
         const bool adaptive      = walk == "adaptive";
         bool       with_upstream = false;
         bool       brief         = false;
@@ -258,34 +264,55 @@ int main(int argc, char ** argv) {
         int differing = 0;
         auto compare = [&](const host_generation & g) { differing += (int) prompts.size() - count_identical(ar, g); };
         if (!brief) {
-            // the floor covers the largest verify batch: the every-step tree's, or the chain's
-            const host_cost_world world = host_set_cost_world(tgt, true, prompts[0], 1, n_ids,
-                    1 + std::max(args.params.n_max, n_tree));
-            // target-only there is one token per padded decode: not run again
-            const demo_runs gpu = run_world(tgt, prompts, adaptive, brief, n_tree, n_ids, /*with_ar*/ false);
-            tgt.params.target_min_ms = 0;
-            const int32_t f = world.floor_ms;
-            printf("  where a verify row is nearly free, as for a large model on a GPU (every target decode padded to "
-                   "%d ms, what a %d-row verify takes here, target-only one token per decode; the drafter at its real "
-                   "cost): dflash2 %.2fx target-only (tau %.2f)", f, world.rows_per_seq, gpu_like_speedup(f, gpu.spec),
-                    gpu.spec.stats.tau());
-            if (gpu.has_chain) {
-                printf(", chain %.2fx (tau %.2f)", gpu_like_speedup(f, gpu.chain), gpu.chain.stats.tau());
-            }
-            printf(", %s %.2fx (tau %.2f)\n", tree_name.c_str(), gpu_like_speedup(f, gpu.tree), gpu.tree.stats.tau());
-            // the real runs decide the exit code; the GPU-like ones are a cost projection whose
+            // the real runs decide the exit code; those of the cost world are a cost projection whose
             // outputs are reported (the controller there picks other trees as the timing falls)
             compare(real.tree);
             if (real.has_chain) {
                 compare(real.chain);
             }
+        }
+        if (!brief && world_choice.name != "real") {
+            // gpu-like: the floor covers the largest verify batch, the every-step tree's or the chain's
+            const host_cost_world world = host_set_world(tgt, world_choice, prompts, 1, n_ids,
+                    1 + std::max(args.params.n_max, n_tree));
+            // target-only in the GPU-like world is one token per padded decode: not run again
+            const bool      curve = world.curve != nullptr;
+            const demo_runs w     = run_world(tgt, prompts, adaptive, brief, n_tree, n_ids, /*with_ar*/ curve);
+            tgt.params.target_min_ms = 0;
+            tgt.params.cost_curve    = nullptr;
+            const auto speedup = [&](const host_generation & g) {
+                return curve ? g.stats.tokens_per_s() / w.ar.stats.tokens_per_s() : gpu_like_speedup(world.floor_ms, g);
+            };
+            if (curve) {
+                printf("  %s\n  there (%s world: a target decode of R rows takes max(its real time, %.1f ms x curve(R)); "
+                       "the drafter at its real cost, a draft decode %.2f of a one-row target decode): target-only %.1f tok/s, ",
+                        world.describe().c_str(), world.name().c_str(), world.base_ms, world.draft_share,
+                        w.ar.stats.tokens_per_s());
+            } else {
+                printf("  where a verify row is nearly free, as for a large model on a GPU (the flat world, an upper "
+                       "bound: every target decode padded to %d ms, what a %d-row verify takes here, target-only one "
+                       "token per decode; the drafter at its real cost): ", world.floor_ms, world.rows_per_seq);
+            }
+            printf("dflash2 %.2fx target-only (tau %.2f)", speedup(w.spec), w.spec.stats.tau());
+            if (w.has_chain) {
+                printf(", chain %.2fx (tau %.2f)", speedup(w.chain), w.chain.stats.tau());
+            }
+            printf(", %s %.2fx (tau %.2f)\n", tree_name.c_str(), speedup(w.tree), w.tree.stats.tau());
+            // the decodes the world could not slow to its time
+            printf("  there, target decodes over the world's time (it did not hold there): dflash2 %lld/%lld",
+                    (long long) w.spec.stats.n_verify_over, (long long) w.spec.stats.n_verify_decodes);
+            if (w.has_chain) {
+                printf(", chain %lld/%lld", (long long) w.chain.stats.n_verify_over, (long long) w.chain.stats.n_verify_decodes);
+            }
+            printf(", %s %lld/%lld\n", tree_name.c_str(), (long long) w.tree.stats.n_verify_over,
+                    (long long) w.tree.stats.n_verify_decodes);
             if (!tgt.sampled()) {
-                printf("  there, output identical to target-only: dflash2 %d/%zu", count_identical(ar, gpu.spec),
+                printf("  there, output identical to target-only: dflash2 %d/%zu", count_identical(ar, w.spec),
                         prompts.size());
-                if (gpu.has_chain) {
-                    printf(", chain %d/%zu", count_identical(ar, gpu.chain), prompts.size());
+                if (w.has_chain) {
+                    printf(", chain %d/%zu", count_identical(ar, w.chain), prompts.size());
                 }
-                printf(", %s %d/%zu\n", tree_name.c_str(), count_identical(ar, gpu.tree), prompts.size());
+                printf(", %s %d/%zu\n", tree_name.c_str(), count_identical(ar, w.tree), prompts.size());
             }
         }
 #ifdef HOST_WITH_MTMD

@@ -136,6 +136,17 @@ struct chain_wave : host_wave_runner {
     }
 };
 
+// the target's decodes of a wave: the prefill's (from c0 to c1, while the wave was made) and
+// the steps' (from c1 to c2), each step one verify decode
+void add_decodes(host_stats & stats, const host_target::decode_counts & c0, const host_target::decode_counts & c1,
+        const host_target::decode_counts & c2) {
+    stats.n_prefill_decodes += c1.decodes - c0.decodes;
+    stats.n_prefill_over    += c1.over - c0.over;
+    stats.n_verify_decodes  += c2.decodes - c1.decodes;
+    stats.n_verify_rows     += c2.rows - c1.rows;
+    stats.n_verify_over     += c2.over - c1.over;
+}
+
 void collect(std::vector<host_stream> & streams, host_generation & gen) {
     for (auto & s : streams) {
         gen.stats.n_generated += (int64_t) s.out.size();
@@ -169,10 +180,13 @@ host_generation host_generate_waves(host_target & tgt, const host_wave_factory &
     const size_t n_seq = (size_t) tgt.params.n_seq;
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
         std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
+        const auto c0 = tgt.counts;
         std::unique_ptr<host_wave_runner> wave = waves(tgt, streams, gen.stats);
+        const auto c1 = tgt.counts;
         while (wave->step()) {
         }
         wave->finish();
+        add_decodes(gen.stats, c0, c1, tgt.counts);
         collect(streams, gen);
     }
     return gen;
@@ -194,8 +208,12 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
     for (size_t first = 0; first < prompts.size(); first += n_seq) {
         std::vector<host_stream> streams_a = host_wave(tgt_a, prompts, first, n_seq);
         std::vector<host_stream> streams_b = host_wave(tgt_b, prompts, first, n_seq);
+        const auto a0 = tgt_a.counts;
+        const auto b0 = tgt_b.counts;
         std::unique_ptr<host_wave_runner> wave_a = waves_a(tgt_a, streams_a, a.stats);
         std::unique_ptr<host_wave_runner> wave_b = waves_b(tgt_b, streams_b, b.stats);
+        const auto a1 = tgt_a.counts;
+        const auto b1 = tgt_b.counts;
         // stride steps of one, then of the other, the order flipping every round. Not
         // one step each: an engine's controller times its steps from one draft call to
         // the next, and would count the other host's step in each of its own (it then
@@ -215,6 +233,8 @@ std::pair<host_generation, host_generation> host_generate_lockstep(host_target &
         }
         wave_a->finish();
         wave_b->finish();
+        add_decodes(a.stats, a0, a1, tgt_a.counts);
+        add_decodes(b.stats, b0, b1, tgt_b.counts);
         collect(streams_a, a);
         collect(streams_b, b);
     }

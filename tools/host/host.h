@@ -29,6 +29,17 @@
 #include <utility>
 #include <vector>
 
+// a cost world's curve (cost-world.cpp): the relative time of one target decode by its
+// total rows (all sequences together), rows 1 = 1.0, read from a curve file
+struct host_cost_curve {
+    std::string name; // "# name:" of the file, else its stem
+    std::string path;
+    std::vector<std::pair<int32_t, double>> points; // rows strictly increasing from 1, times non-decreasing
+
+    // linear between points; past the last, along the last segment's slope
+    double at(int32_t rows) const;
+};
+
 struct host_params {
     std::string path_target;
     std::string path_draft;
@@ -54,6 +65,9 @@ struct host_params {
     float   min_p = 0.0f;
     bool    truncate_q = true; // dflash2's sampled drafts cut q like the sampler cuts p
     int32_t target_min_ms = 0; // every target decode takes at least this long (a slow target whose rows are nearly free)
+    // a curve world: a target decode of R rows takes at least cost_base_ms x cost_curve->at(R) (NULL: none)
+    std::shared_ptr<const host_cost_curve> cost_curve;
+    double                                 cost_base_ms = 0.0;
     int32_t ngram_branches = -1; // dflash2's n-gram branches per tree draft (-1: the library's default, 0: none)
     int32_t first_child = -1; // how dflash2's sampled trees choose each first child (-1: the library's default)
     int32_t ngram_size_n = 0; // llama.cpp's n-gram types: lookup size n and draft size m (0: llama.cpp's defaults)
@@ -110,6 +124,13 @@ struct host_stats {
     // tree modes: verify batches whose last ubatch had one row, given a row more (parked) to
     // stay on the one-pass attention kernel of target-only decoding (generate-tree.cpp)
     int64_t n_one_pass_rows = 0;
+    // the target's decodes of the generation (verify: every sequence's rows in one batch) and of the
+    // prefill, with their rows, and those that took longer than the cost world models (it did not hold)
+    int64_t n_verify_decodes  = 0;
+    int64_t n_verify_rows     = 0;
+    int64_t n_verify_over     = 0;
+    int64_t n_prefill_decodes = 0;
+    int64_t n_prefill_over    = 0;
 
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
@@ -141,6 +162,8 @@ struct host_stats {
     int64_t t_drafter_us() const { return t_process_us + t_draft_us + t_accept_us; }
 
     double tau() const { return n_seq_steps ? (double) (n_accepted + n_seq_steps) / n_seq_steps : 0.0; }
+    // rows of a verify decode, all sequences together
+    double verify_rows_per_step() const { return n_verify_decodes ? (double) n_verify_rows / n_verify_decodes : 0.0; }
     double tokens_per_s() const { return t_total_us ? 1e6 * n_generated / t_total_us : 0.0; }
     // tokens per CPU second: the work done, much less sensitive than wall time to other
     // processes on the machine (comparable between modes at --threads 1)
@@ -181,6 +204,14 @@ struct host_target {
     host_target & operator=(const host_target &) = delete;
 
     bool owns_model = true;
+
+    // every successful decode: its rows, and whether it took longer than the cost world models
+    // (the --target-min-ms floor, or a curve world's time): host_generate_waves splits them
+    struct decode_counts {
+        int64_t decodes = 0;
+        int64_t rows    = 0;
+        int64_t over    = 0;
+    } counts;
 
     // a fresh context for n_seq parallel sequences (0: keep params.n_seq);
     // drafters attach to it, so each mode gets its own. n_seq_ids > 0: a unified
@@ -349,8 +380,12 @@ int32_t         host_tree_seq_ids(int32_t np, int32_t n_leaves);
 const std::vector<std::string> & host_builtin_prompts();
 std::vector<std::string>         host_read_prompts(const std::string & path);
 
-// the bench's cost world (cost-world.cpp): real, or GPU-like (every target decode padded
-// to a floor that covers the run's largest verify batch, measured first)
+// the tools' cost world (cost-world.cpp): real; GPU-like (every target decode padded to a floor
+// that covers the run's largest verify batch, measured first: the flat upper bound); or a curve
+// world (--cost-world NAME|FILE: a decode of R rows takes max(its real time, base x curve(R)),
+// base chosen so that one real draft decode is --draft-share of a one-row target decode)
+constexpr float HOST_DEFAULT_DRAFT_SHARE = 0.15f;
+
 struct host_cost_world {
     bool    gpu_like     = false;
     int32_t requested_ms = 0; // --target-min-ms as given
@@ -359,18 +394,67 @@ struct host_cost_world {
     int32_t rows_per_seq = 0;
     double  measured_ms  = 0.0; // its second slowest decode of seven on this machine, unpadded
 
-    std::string describe() const; // one line for the output
+    std::shared_ptr<const host_cost_curve> curve; // a curve world (NULL: real or GPU-like)
+    float   draft_share = HOST_DEFAULT_DRAFT_SHARE;
+    int32_t draft_n_max = 0;   // the draft decode measured: one noise block of np 1 at this n_max
+    double  draft_ms    = 0.0; // its real time (median of 7 after an untimed one)
+    double  base_ms     = 0.0; // draft_ms / draft_share: a one-row target decode in the world
+    double  one_row_ms  = 0.0; // a real one-row target decode (median of 7 after an untimed one)
+
+    bool holds_at_one_row() const { return !curve || base_ms * curve->at(1) >= one_row_ms; }
+    bool is_real() const { return !curve && !gpu_like; }
+    std::string name() const { return curve ? curve->name : gpu_like ? "gpu-like" : "real"; }
+    std::string describe() const; // one line for the output (two when the world fails at one row)
     std::string json() const;
 };
+
+// --cost-world and --draft-share as a tool's options give them (host_args.values)
+struct host_world_choice {
+    std::string name = "real"; // real, gpu-like, a curve's NAME or FILE
+    float       draft_share = HOST_DEFAULT_DRAFT_SHARE;
+    std::shared_ptr<const host_cost_curve> curve; // a curve world's, read from its file
+};
+// dflt without --cost-world; a curve file by NAME (tools/cost-worlds/NAME.txt, in the source tree or
+// beside the binary) or FILE (a name with '/' or ending in .txt) is read here: throws std::runtime_error
+// naming the file and line of a fault
+host_world_choice host_world_choice_of(const std::map<std::string, std::string> & values, const std::string & dflt);
 
 // measures the largest verify batch and sets tgt.params.target_min_ms to cover it
 // (gpu_like, or a --target-min-ms given); the real world otherwise
 host_cost_world host_set_cost_world(host_target & tgt, bool gpu_like, const std::vector<llama_token> & prompt,
         int32_t np, int32_t n_seq_ids, int32_t rows_per_seq);
 
+// a curve world on tgt: measures a one-row target decode and one draft decode (dflash2's greedy
+// chain, np 1, the first prompt), sets tgt.params.cost_curve and cost_base_ms
+host_cost_world host_set_curve_world(host_target & tgt, const host_world_choice & choice,
+        const std::vector<std::vector<llama_token>> & prompts);
+
+// the world chosen: real, GPU-like (n_seq_ids, rows_per_seq: the run's largest verify batch at np) or a curve
+host_cost_world host_set_world(host_target & tgt, const host_world_choice & choice,
+        const std::vector<std::vector<llama_token>> & prompts, int32_t np, int32_t n_seq_ids, int32_t rows_per_seq);
+
+// while it lives, tgt decodes at its real cost (no floor, no curve); restored after
+struct host_world_off {
+    host_target &                          tgt;
+    int32_t                                floor_ms;
+    std::shared_ptr<const host_cost_curve> curve;
+
+    explicit host_world_off(host_target & tgt)
+        : tgt(tgt), floor_ms(tgt.params.target_min_ms), curve(std::move(tgt.params.cost_curve)) {
+        tgt.params.target_min_ms = 0;
+        tgt.params.cost_curve    = nullptr;
+    }
+    ~host_world_off() {
+        tgt.params.target_min_ms = floor_ms;
+        tgt.params.cost_curve    = curve;
+    }
+    host_world_off(const host_world_off &) = delete;
+    host_world_off & operator=(const host_world_off &) = delete;
+};
+
 // the second slowest of `reps` target decodes (after an untimed one) of rows_per_seq rows for each of np sequences
-// (after a prompt each), on a fresh context of n_seq_ids ids (0: np), without the
-// --target-min-ms floor: what that floor must cover (cost-world.cpp)
+// (after a prompt each), on a fresh context of n_seq_ids ids (0: np), at the real cost (no floor, no curve):
+// what the --target-min-ms floor must cover (cost-world.cpp)
 double host_measure_verify_ms(host_target & tgt, const std::vector<llama_token> & prompt, int32_t np,
         int32_t n_seq_ids, int32_t rows_per_seq, int reps);
 
@@ -379,6 +463,9 @@ int64_t host_cpu_time_us(); // CPU time of the whole process
 
 // a log callback that passes errors to stderr and drops the rest (for llama_log_set)
 void host_log_errors_only(enum ggml_log_level level, const char * text, void * user_data);
+
+// s as a JSON string, quoted and escaped
+std::string host_json_str(const std::string & s);
 
 // quiet logs of libllama and dflash2, backend initialized
 void host_init_backend();

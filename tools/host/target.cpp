@@ -34,6 +34,25 @@ void host_init_backend() {
     llama_backend_init();
 }
 
+std::string host_json_str(const std::string & s) {
+    std::string out = "\"";
+    for (char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += c;
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if ((unsigned char) c < 0x20) {
+            char buf[8];
+            snprintf(buf, sizeof(buf), "\\u%04x", c);
+            out += buf;
+        } else {
+            out += c;
+        }
+    }
+    return out + "\"";
+}
+
 std::vector<std::vector<llama_token>> host_tokenize_chats(const host_target & tgt, const std::vector<std::string> & msgs) {
     std::vector<std::vector<llama_token>> out;
     for (const auto & m : msgs) {
@@ -202,8 +221,23 @@ bool host_target::try_decode(common_batch & batch) {
     // a device backend returns before the decode is done: wait here, so the time
     // counts as the target's and not as whatever reads its results first
     llama_synchronize(ctx);
-    if (params.target_min_ms > 0) {
-        std::this_thread::sleep_until(start + std::chrono::milliseconds(params.target_min_ms));
+    // the cost world: the floor (GPU-like), or a curve's time for the batch's rows; a decode that took
+    // longer is counted (the world did not hold there), the rest of a shorter one slept
+    const int32_t n_rows = batch.size();
+    double world_ms = params.target_min_ms;
+    if (params.cost_curve) {
+        world_ms = std::max(world_ms, params.cost_base_ms * params.cost_curve->at(n_rows));
+    }
+    counts.decodes += 1;
+    counts.rows    += n_rows;
+    if (world_ms > 0.0) {
+        const auto until = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                std::chrono::duration<double, std::milli>(world_ms));
+        if (std::chrono::steady_clock::now() > until) {
+            counts.over += 1;
+        } else {
+            std::this_thread::sleep_until(until);
+        }
     }
     return true;
 }
