@@ -286,7 +286,7 @@ int main(int argc, char ** argv) {
             if (curve) {
                 printf("  %s\n  there (%s world: a target decode of R rows takes max(its real time, %.1f ms x curve(R)); "
                        "the drafter at its real cost, a draft decode %.2f of a one-row target decode): target-only %.1f tok/s, ",
-                        world.describe().c_str(), world.name().c_str(), world.base_ms, world.draft_share,
+                        world.describe().c_str(), world.name().c_str(), world.base_ms, world.effective_share(),
                         w.ar.stats.tokens_per_s());
             } else {
                 printf("  where a verify row is nearly free, as for a large model on a GPU (the flat world, an upper "

@@ -79,6 +79,11 @@ impl StepCurve {
         self.n > 0
     }
 
+    /// The bins as learned: (rows, seconds at the current load, observations).
+    pub fn points(&self) -> impl Iterator<Item = (f64, f64, u32)> + '_ {
+        self.points.iter().map(|&(x, y, n)| (x, self.load * y, n))
+    }
+
     /// Whether a decode of about these rows was observed.
     pub fn seen_rows(&self, rows: usize) -> bool {
         self.bins.iter().any(|b| b.key == bin_key(rows))

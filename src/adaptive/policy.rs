@@ -402,6 +402,20 @@ impl AdaptivePolicy {
     }
 }
 
+impl Drop for AdaptivePolicy {
+    /// With `DFLASH2_TRACE_POLICY`: the curves as learned, to compare with
+    /// the host's own costs (a cost world's).
+    fn drop(&mut self) {
+        if trace_policy() {
+            for (name, curve) in [("verify", &self.verify), ("draft", &self.draft)] {
+                let points: Vec<String> =
+                    curve.points().map(|(rows, s, n)| format!("{rows:.0}:{:.2}ms/{n}", s * 1e3)).collect();
+                eprintln!("TRACE learned {name} curve (rows:time/observations) {}", points.join(" "));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 #[path = "policy_tests.rs"]
 mod tests;

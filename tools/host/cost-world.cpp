@@ -286,7 +286,7 @@ host_cost_world host_set_cost_world(host_target & tgt, bool gpu_like, const std:
 }
 
 host_cost_world host_set_curve_world(host_target & tgt, const host_world_choice & choice,
-        const std::vector<std::vector<llama_token>> & prompts) {
+        const std::vector<std::vector<llama_token>> & prompts, int32_t np, int32_t n_seq_ids, int32_t rows_per_seq) {
     if (tgt.params.target_min_ms > 0) {
         throw std::runtime_error("--target-min-ms is the gpu-like world's floor: not with --cost-world " + choice.name);
     }
@@ -296,7 +296,17 @@ host_cost_world host_set_curve_world(host_target & tgt, const host_world_choice 
     w.draft_n_max = tgt.params.n_max;
     w.one_row_ms  = median(decode_times(tgt, prompts[0], 1, 0, 1, 7));
     w.draft_ms    = measure_draft_ms(tgt, prompts);
-    w.base_ms     = w.draft_ms / w.draft_share;
+    // the world holds only where the real decode is within it: a CPU's verify rows cost far more
+    // against its one-row decode than a GPU's, so the run's largest batch (measured as the
+    // gpu-like world measures its floor, a quarter above) may need a larger base than the
+    // share gives; then the drafter is cheaper against the target than the share (said)
+    // (up to HOST_COVER_ROWS rows in all: past the range the curves were measured in with most
+    // points, a decode may run at this machine's cost, counted per mode as over the world)
+    w.np           = np;
+    w.rows_per_seq = std::min(rows_per_seq, std::max(1, HOST_COVER_ROWS / std::max(np, 1)));
+    w.measured_ms  = np > 0 && rows_per_seq > 0 ? host_measure_verify_ms(tgt, prompts[0], np, n_seq_ids, w.rows_per_seq, 7) : 0.0;
+    w.cover_ms     = 1.25 * w.measured_ms / w.curve->at(np * w.rows_per_seq);
+    w.base_ms      = std::max(w.draft_ms / w.draft_share, w.cover_ms);
     tgt.params.cost_curve   = w.curve;
     tgt.params.cost_base_ms = w.base_ms;
     return w;
@@ -307,7 +317,7 @@ host_cost_world host_set_world(host_target & tgt, const host_world_choice & choi
     if (!choice.curve) {
         return host_set_cost_world(tgt, choice.name == "gpu-like", prompts[0], np, n_seq_ids, rows_per_seq);
     }
-    return host_set_curve_world(tgt, choice, prompts);
+    return host_set_curve_world(tgt, choice, prompts, np, n_seq_ids, rows_per_seq);
 }
 
 std::string host_cost_world::describe() const {
@@ -315,8 +325,15 @@ std::string host_cost_world::describe() const {
         std::string s = string_format("cost world: %s (%s): a target decode of R rows (all sequences) takes max(its real "
                 "time, base x curve(R)); base %.2f ms = a real draft decode (np 1, n_max %d: %.2f ms, median of 7) / "
                 "--draft-share %.2f; curve(1, 8, 16, 64) = %.2f, %.2f, %.2f, %.2f; a real one-row target decode: %.2f ms; "
-                "the drafter at its real cost", curve->name.c_str(), curve->path.c_str(), base_ms, draft_n_max, draft_ms,
+                "the drafter at its real cost", curve->name.c_str(), curve->path.c_str(), draft_ms / draft_share, draft_n_max, draft_ms,
                 draft_share, curve->at(1), curve->at(8), curve->at(16), curve->at(64), one_row_ms);
+        if (cover_ms > draft_ms / draft_share) {
+            s += string_format("\ncost world: base raised to %.2f ms: the run's largest verify batch up to %d rows (%d x %d) took %.1f ms "
+                    "here (second slowest of 7), more than base x curve(%d) = %.1f ms; at this base the world holds up to "
+                    "that batch and a draft decode is %.3f of a one-row target decode (not %.2f)", base_ms, HOST_COVER_ROWS, np, rows_per_seq,
+                    measured_ms, np * rows_per_seq, draft_ms / draft_share * curve->at(np * rows_per_seq),
+                    effective_share(), draft_share);
+        }
         if (!holds_at_one_row()) {
             s += string_format("\nWARNING: THE WORLD DOES NOT HOLD AT ONE ROW: base x curve(1) = %.2f ms is below the "
                     "real one-row target decode (%.2f ms): one-row decodes run at their real cost, above the world's, so "
@@ -346,9 +363,10 @@ std::string host_cost_world::json() const {
         }
         return string_format("{\"kind\": \"curve\", \"name\": %s, \"file\": %s, \"draft_share\": %.4g, "
                 "\"draft_decode_ms\": %.4f, \"draft_decode_n_max\": %d, \"base_ms\": %.4f, \"real_one_row_ms\": %.4f, "
+                "\"cover_ms\": %.4f, \"effective_draft_share\": %.4g, \"largest_verify_batch\": {\"sequences\": %d, \"rows_per_sequence\": %d, \"measured_ms\": %.3f}, "
                 "\"holds_at_one_row\": %s, \"measured_as\": \"median of 7 after an untimed one\", \"curve\": [%s]}",
                 host_json_str(curve->name).c_str(), host_json_str(curve->path).c_str(), draft_share, draft_ms, draft_n_max, base_ms, one_row_ms,
-                holds_at_one_row() ? "true" : "false", pts.c_str());
+                cover_ms, effective_share(), np, rows_per_seq, measured_ms, holds_at_one_row() ? "true" : "false", pts.c_str());
     }
     if (!gpu_like) {
         return "{\"kind\": \"real\"}";

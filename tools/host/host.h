@@ -386,6 +386,9 @@ std::vector<std::string>         host_read_prompts(const std::string & path);
 // base chosen so that one real draft decode is --draft-share of a one-row target decode)
 constexpr float HOST_DEFAULT_DRAFT_SHARE = 0.15f;
 
+// a curve world's base covers the run's largest verify batch up to this many rows in all
+constexpr int32_t HOST_COVER_ROWS = 64;
+
 struct host_cost_world {
     bool    gpu_like     = false;
     int32_t requested_ms = 0; // --target-min-ms as given
@@ -398,8 +401,11 @@ struct host_cost_world {
     float   draft_share = HOST_DEFAULT_DRAFT_SHARE;
     int32_t draft_n_max = 0;   // the draft decode measured: one noise block of np 1 at this n_max
     double  draft_ms    = 0.0; // its real time (median of 7 after an untimed one)
-    double  base_ms     = 0.0; // draft_ms / draft_share: a one-row target decode in the world
+    double  base_ms     = 0.0; // a one-row target decode in the world: draft_ms / draft_share, or cover_ms if larger
     double  one_row_ms  = 0.0; // a real one-row target decode (median of 7 after an untimed one)
+    double  cover_ms    = 0.0; // the base at which the run's largest verify batch (np x rows_per_seq) holds
+
+    double effective_share() const { return base_ms > 0.0 ? draft_ms / base_ms : 0.0; }
 
     bool holds_at_one_row() const { return !curve || base_ms * curve->at(1) >= one_row_ms; }
     bool is_real() const { return !curve && !gpu_like; }
@@ -427,7 +433,7 @@ host_cost_world host_set_cost_world(host_target & tgt, bool gpu_like, const std:
 // a curve world on tgt: measures a one-row target decode and one draft decode (dflash2's greedy
 // chain, np 1, the first prompt), sets tgt.params.cost_curve and cost_base_ms
 host_cost_world host_set_curve_world(host_target & tgt, const host_world_choice & choice,
-        const std::vector<std::vector<llama_token>> & prompts);
+        const std::vector<std::vector<llama_token>> & prompts, int32_t np, int32_t n_seq_ids, int32_t rows_per_seq);
 
 // the world chosen: real, GPU-like (n_seq_ids, rows_per_seq: the run's largest verify batch at np) or a curve
 host_cost_world host_set_world(host_target & tgt, const host_world_choice & choice,
