@@ -302,29 +302,26 @@ fn cheap_rows_keep_the_whole_draft_and_dear_ones_cut_unlikely_tokens() {
 
 #[test]
 fn free_rows_of_a_flat_stretch_are_spent_and_a_dear_one_is_not() {
-    // a step at 9 rows and flat to 16 (a 3090's mat-vec limit): 15 tokens of
-    // acceptance 0.55 after a sure first; 8 rows go, the 9th row costs half
-    // a step, and the rows after it are free
-    let mut p = warmed(0.020, 0.0, 0.002);
-    for r in 9..=16 {
-        for _ in 0..40 {
-            p.verify.observe(r, 0.030);
+    // flat to 8 rows, a step of half a plain step at 9 (a 3090's mat-vec
+    // limit), flat again to 16
+    let stepped = || {
+        let mut p = warmed(0.020, 0.0, 0.002);
+        for r in 9..=16 {
+            for _ in 0..40 {
+                p.verify.observe(r, 0.030);
+            }
         }
-    }
+        p
+    };
+    // drafts accepted half the time, whole: the step pays for all 15 tokens
+    let mut p = stepped();
     for _ in 0..400 {
         p.acceptance.observe(&[0.5; 15], 0);
         p.acceptance.observe(&[0.5; 15], 15);
     }
-    // deep positions with a high acceptance: all 15 pay for the step
-    let high = p.keep(&[0.5; 15]);
-    assert_eq!(high, 15, "{high}");
-    // a weak chain: the rows up to the step only
-    let mut weak = warmed(0.020, 0.0, 0.002);
-    for r in 9..=16 {
-        for _ in 0..40 {
-            weak.verify.observe(r, 0.030);
-        }
-    }
+    assert_eq!(p.keep(&[0.5; 15]), 15);
+    // drafts nearly always rejected: the free rows before the step at most
+    let mut weak = stepped();
     for _ in 0..400 {
         weak.acceptance.observe(&[0.5; 15], 0);
     }
