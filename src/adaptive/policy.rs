@@ -177,9 +177,16 @@ impl AdaptivePolicy {
         self.acceptance.fade(1.0 / MEMORY_STEPS);
         // every requesting sequence gains at least its anchor's successor
         // and verifies its anchor's row
+        // (the draw's buffer is kept: this runs every draft call)
+        let mut offsets = std::mem::take(&mut self.step.offsets);
         self.step =
             Step { start: Some(now), requests: n_requests, tokens: n_requests, rows: n_requests, ..Step::default() };
-        self.step.offsets = (0..self.n_positions).map(|m| self.acceptance.sd_position(m) * self.normal()).collect();
+        offsets.clear();
+        for m in 0..self.n_positions {
+            let sd = self.acceptance.sd_position(m);
+            offsets.push(sd * self.normal());
+        }
+        self.step.offsets = offsets;
         self.step.cost_draw = self.uniform();
         self.plan = self.decide(n_requests);
         if trace_policy() {
