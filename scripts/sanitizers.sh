@@ -103,6 +103,8 @@ c_tests_run() {
     # CTest prefixes the tests that run a program of this build with the emulator
     # (cmake_minimum_required < 3.28 in ctest/: also when not cross-compiling)
     [ $# -gt 0 ] && args+=("-DCMAKE_CROSSCOMPILING_EMULATOR=$(IFS=';'; echo "$*")")
+    # the tests that preload a fake libllama must preload the sanitizer runtime first
+    [ -n "${c_preload:-}" ] && args+=("-DDFLASH2_TEST_PRELOAD=$c_preload")
     rm -rf "$dir/ctest"
     cmake "${args[@]}" >"$dir/cmake.log" 2>&1
     nice -n 10 cmake --build "$dir/ctest" -j "$jobs" >>"$dir/cmake.log" 2>&1
@@ -147,8 +149,8 @@ part_asan() {
     read -r binaries passed failed < <(rust_tests_run "$dir/rust-tests.log" env "${build[@]}" "${run[@]}" \
         nice -n 10 cargo test)
     install_prefix "$dir" "${build[@]}" || return 1
-    read -r c_run c_failed < <(export "${run[@]}"; c_tests_run asan "$dir/prefix" \
-        "-fsanitize=address,undefined -fno-omit-frame-pointer -g")
+    read -r c_run c_failed < <(export "${run[@]}"; c_preload=$("${CC:-gcc}" -print-file-name=libasan.so) \
+        c_tests_run asan "$dir/prefix" "-fsanitize=address,undefined -fno-omit-frame-pointer -g")
     local asan lsan ub
     asan=$(reports "$dir/reports" 'ERROR: AddressSanitizer')
     lsan=$(reports "$dir/reports" 'ERROR: LeakSanitizer')
