@@ -122,13 +122,17 @@ impl StepCurve {
     /// most what its parts cost apart). A bin of fewer than `EARLY`
     /// observations may be as cheap as the bin before it (0) or cost what
     /// it was seen at (1): one slowed-down decode of a row count does not
-    /// keep it dear for good. 0 before anything was seen.
+    /// keep it dear for good. Below the narrowest bin seen, anywhere from
+    /// time in proportion to the rows (0: the cheapest a smaller batch may
+    /// be, so a plain step for fewer sequences than seen is priced low and
+    /// tried before drafting is judged against it) to that bin's (1). 0
+    /// before anything was seen.
     pub fn predict(&self, rows: usize, draw: f64) -> f64 {
         let (x, draw) = (rows as f64, draw.clamp(0.0, 1.0));
         let p = &self.points;
         let Some(&(x_last, _, _)) = p.last() else { return 0.0 };
         let y = if x <= p[0].0 {
-            self.drawn(0, draw)
+            self.drawn(0, draw) * (1.0 - (1.0 - draw) * (1.0 - x / p[0].0))
         } else if x <= x_last {
             let i = p.partition_point(|&(r, _, _)| r < x);
             let ((x0, y0), (x1, y1)) = ((p[i - 1].0, self.drawn(i - 1, draw)), (p[i].0, self.drawn(i, draw)));
@@ -241,5 +245,16 @@ mod tests {
             c.observe(1, t);
         }
         assert!((c.predict(1, 0.0) - 0.030).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fewer_rows_than_seen_are_priced_from_proportional_to_flat() {
+        // only 4-row decodes seen (four sequences): a plain step for one
+        // sequence may cost as little as a quarter of one, at most all of it
+        let c = learned(|_| 0.100, &[4], 10);
+        assert!((c.predict(1, 0.0) - 0.025).abs() < 1e-12, "{}", c.predict(1, 0.0));
+        assert!((c.predict(1, 1.0) - 0.100).abs() < 1e-12);
+        assert!((c.predict(2, 0.5) - 0.075).abs() < 1e-12);
+        assert!((c.predict(4, 0.0) - 0.100).abs() < 1e-12);
     }
 }

@@ -389,7 +389,10 @@ impl AdaptivePolicy {
             let lost = self.overhead.value + draft + verify - s.tokens as f64 / s.requests as f64 * plain_step;
             self.loss = (self.loss + lost).max(0.0);
             if trace_policy() {
-                eprintln!("TRACE charged {:?} tokens {} wall {wall:.4} lost {lost:.4}", self.plan, s.tokens);
+                eprintln!(
+                    "TRACE charged {:?} requests {} tokens {} rows {rows} verify {verify:.4} draft {draft:.4} plain_step {plain_step:.4} wall {wall:.4} lost {lost:.4}",
+                    self.plan, s.requests, s.tokens
+                );
             }
         }
         self.elapsed += wall;
