@@ -1,7 +1,6 @@
 //! The engine's configuration in Rust terms, parsed once from the C params at
 //! the boundary: enums instead of int codes, `Option`s instead of sentinels.
 
-use crate::engine::DraftGraph;
 use crate::error::{Error, Result};
 use crate::params::{
     LLAMA_SPEC_DFLASH2_MAX_NGRAM_BRANCHES, LLAMA_SPEC_DFLASH2_MAX_SEQUENCES, llama_spec_dflash2_params,
@@ -16,6 +15,25 @@ pub enum Walk {
     Greedy,
     /// The greedy chain cut to what pays for its verification (see `adaptive`).
     Adaptive,
+}
+
+/// Which graph computes the drafter's forward (the engine builds the drafter
+/// it names: `engine::drafter`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftGraph {
+    /// The library's own (weights, KV cache and graph of its own).
+    Own,
+    /// libllama's `dflash` graph.
+    Libllama,
+}
+
+impl DraftGraph {
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftGraph::Own => "own",
+            DraftGraph::Libllama => "libllama",
+        }
+    }
 }
 
 /// What happens to rows decoded from embeddings (M-RoPE image rows).

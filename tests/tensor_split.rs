@@ -15,7 +15,7 @@ use common::target::{TRow, Target};
 use common::{Model, fixtures, smollm2, smollm2_drafter};
 use dflash2::config::Config;
 use dflash2::draft::{InjectRow, NoiseBlock};
-use dflash2::engine::{DraftGraph, Drafter, create_drafter};
+use dflash2::engine::{DraftGraph, Drafter, create_drafter, estimate_memory};
 use dflash2::error::Status;
 use dflash2::sys::{self, TargetContext};
 
@@ -349,4 +349,51 @@ fn a_slice_with_fewer_rows_than_candidates_gives_all_of_them() {
 fn what_only_libllamas_graph_serves_is_refused_on_a_split_head_instead_of_falling_back() {
     // a quantized draft KV cache: the own graph does not cover it (libllama's would, unsplit)
     refused_on_a_split_head(Config { n_seq: 1, type_k: Some(sys::GGML_TYPE_Q8_0), ..Config::default() }, "quantized");
+}
+
+/// A head split by tensor with a slice in host memory is merged on the host,
+/// and the drafter reserves a selection stage to score the merged candidates
+/// (`-sm tensor` over two nodes and the CPU). Its compute buffers are part of
+/// what the drafter reports (the stages' buffers add up to its compute, on
+/// every device and in all) and of the estimate, which covers each stage on
+/// the drafter's device from above (the host's input copies aside, as
+/// `tests/engine_devices.rs` has them).
+#[test]
+fn the_selection_stage_of_a_head_merged_on_the_host_is_counted_in_memory_use_and_the_estimate() {
+    let _serial = serial();
+    let (_a, _b, mut nodes, _) = two_nodes();
+    nodes.push(device("CPU"));
+    let f = fixtures();
+    for n_seq in [1, 4] {
+        let target = placed(&f.target, &split(&nodes, sys::LLAMA_SPLIT_MODE_TENSOR), n_seq as u32);
+        let tc = unsafe { TargetContext::from_raw(target.ctx) }.unwrap();
+        let config = Config { n_seq, draft_graph: DraftGraph::Own, ..Config::default() };
+        let setup = create_drafter(&tc, &f.drafter, &config).expect("own drafter");
+        let Drafter::Own(own) = &setup.drafter else { panic!("not the own graph") };
+        let stages = own.compute_by_stage(None);
+        assert!(stages.selection > 0, "n_seq {n_seq}: no selection stage reserved for a host merge: {stages:?}");
+        let used = setup.drafter.memory_use(None).expect("memory use");
+        assert_eq!(used.compute as u64, stages.total(), "n_seq {n_seq}: {stages:?}");
+        let estimate = estimate_memory(Some(&tc.facts()), &f.drafter, &config, tc.n_ctx_seq()).expect("estimate");
+        let estimated = estimate.stages.expect("the own graph's stages");
+        assert_eq!(estimate.compute, estimated.total(), "n_seq {n_seq}: {estimate:?}");
+        // the drafter's layers are on the first node; the second holds a slice
+        // of the head (its logits and top-k in the noise graph)
+        let layers = &setup.drafter.devices()[0];
+        for d in setup.drafter.devices() {
+            let on = setup.drafter.memory_use(Some(&d)).expect("memory use on a device");
+            let by_stage = own.compute_by_stage(Some(d.dev));
+            eprintln!("n_seq {n_seq}, {}: {by_stage:?}, estimate {estimated:?}", d.name);
+            assert_eq!(on.compute as u64, by_stage.total(), "n_seq {n_seq}, {}", d.name);
+        }
+        let on_layers = own.compute_by_stage(Some(layers.dev));
+        assert!(on_layers.selection > 0, "n_seq {n_seq}: the selection stage is not on {}", layers.name);
+        for (what, est, got) in [
+            ("noise", estimated.noise, on_layers.noise),
+            ("selection", estimated.selection, on_layers.selection),
+            ("injection", estimated.injection, on_layers.injection),
+        ] {
+            assert!(est >= got, "n_seq {n_seq}: {what} estimated {est} below the {got} reserved on {}", layers.name);
+        }
+    }
 }

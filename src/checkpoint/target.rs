@@ -4,14 +4,9 @@ use crate::error::{Error, Result};
 
 use super::Checkpoint;
 
-/// What the check needs to know about the target model (read through libllama).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TargetFacts {
-    pub architecture: String,
-    pub n_embd: u32,
-    pub n_layer: u32,
-    pub n_vocab: u32,
-}
+/// What the check needs to know about the target model: read through
+/// libllama, so defined where libllama is read (`sys`), plain data.
+pub use crate::sys::TargetFacts;
 
 /// Target architectures whose graph in the pinned llama.cpp registers layer
 /// inputs (`t_layer_inp`), with whether it also registers the output of the last

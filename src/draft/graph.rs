@@ -12,8 +12,9 @@
 
 use super::batch::{NoiseInputs, Run};
 use super::conv::conv;
+use super::io;
 use super::kv::KvCache;
-use super::lattice;
+use super::lattice::{self, SelectorWeights};
 use super::names::{LayerIds, ModelIds};
 use super::spec::Spec;
 use super::weights::{WeightId, Weights};
@@ -53,48 +54,6 @@ pub struct Net<'a> {
     pub flash_attn: bool,
 }
 
-/// Names of a graph's inputs and output: a graph kept between decodes finds
-/// them again by name (`GraphCtx::tensor`).
-pub mod io {
-    pub const FEATURES: &str = "inp_target_features";
-    pub const TOKENS: &str = "inp_tokens";
-    pub const POSITIONS: &str = "inp_pos";
-    pub const CELLS: &str = "inp_kv_cells";
-    pub const SHIFT: &str = "inp_shift";
-    pub const LATTICE: &str = "lattice";
-    /// The hidden states the head reads, and (a head split by tensor) the
-    /// merge of its slices' candidates.
-    pub const HEAD_IN: &str = "head_in";
-    pub const HEAD_MERGE: &str = "head_merge";
-
-    /// Logits of slice `j` of a split head.
-    pub fn head_logits(j: usize) -> String {
-        format!("head_logits_{j}")
-    }
-
-    /// Candidate ids of slice `j` (as they leave its device).
-    pub fn head_part(j: usize) -> String {
-        format!("head_part_{j}")
-    }
-
-    /// Slice `j`'s top-k ids (I32) and logits, when the merge is the host's.
-    pub fn head_part_ids(j: usize) -> String {
-        format!("head_part_ids_{j}")
-    }
-    pub fn head_part_logits(j: usize) -> String {
-        format!("head_part_logits_{j}")
-    }
-
-    /// The selection graph's inputs: each row's merged candidates and logits.
-    pub const SEL_IDS: &str = "sel_ids";
-    pub const SEL_LOGITS: &str = "sel_logits";
-
-    /// The mask of attention run `run` (windowed layers: `swa`).
-    pub fn mask(run: usize, swa: bool) -> String {
-        format!("inp_kq_mask{}_{run}", if swa { "_swa" } else { "" })
-    }
-}
-
 /// The inputs the layers of a noise graph read.
 struct Inputs<'a> {
     positions: Tensor<'a>,
@@ -107,6 +66,15 @@ struct Inputs<'a> {
 impl<'a> Net<'a> {
     fn t(&self, id: WeightId) -> Tensor<'a> {
         self.w.get(id)
+    }
+
+    /// DFlash2's selector weights (None: plain DFlash).
+    fn selector_weights(&self) -> Option<SelectorWeights<'a>> {
+        self.ids.selector.as_ref().map(|sel| SelectorWeights {
+            gate: self.t(sel.hidden),
+            successor: self.t(sel.successor),
+            predecessor: self.t(sel.predecessor),
+        })
     }
 
     fn opt(&self, id: Option<WeightId>) -> Option<Tensor<'a>> {
@@ -385,7 +353,7 @@ impl<'a> Net<'a> {
                 lattice::select_sharded(g, &logits, k)
             }
         };
-        let lattice = lattice::build(self, picked, hidden, tokens, batch.width as i64);
+        let lattice = lattice::build(g, s, self.selector_weights(), picked, hidden, tokens, batch.width as i64);
         g.name(lattice, io::LATTICE);
         g.output(lattice);
         g.expand(lattice);
@@ -403,7 +371,7 @@ impl<'a> Net<'a> {
         };
         let hidden = g.input(GGML_TYPE_F32, &[s.n_embd, n], io::HEAD_IN);
         let tokens = g.input(GGML_TYPE_I32, &[n], io::TOKENS);
-        let lattice = lattice::build(self, picked, hidden, tokens, width);
+        let lattice = lattice::build(g, s, self.selector_weights(), picked, hidden, tokens, width);
         g.name(lattice, io::LATTICE);
         g.output(lattice);
         g.expand(lattice);

@@ -13,9 +13,19 @@
 //! llama.cpp's driver drafts for such a drafter) and trees branch on the
 //! next-best logits.
 
-use super::graph::{Net, io};
+use super::io;
+use super::spec::Spec;
 use crate::sys::ggml::{GraphCtx, Tensor};
 use crate::sys::{GGML_TYPE_F32, GGML_TYPE_I32};
+
+/// DFlash2's selector weights as a graph reads them: the gate projection of
+/// the final hidden state, the successor and predecessor codes.
+#[derive(Clone, Copy)]
+pub struct SelectorWeights<'a> {
+    pub gate: Tensor<'a>,
+    pub successor: Tensor<'a>,
+    pub predecessor: Tensor<'a>,
+}
 
 /// Each row's `k` candidates: their ids (I32 [k, n]) and logits (F32 [k, n]).
 #[derive(Clone, Copy)]
@@ -69,16 +79,17 @@ pub fn select_sharded<'a>(g: &'a GraphCtx, slices: &[(Tensor<'a>, i64)], k: i64)
 }
 
 /// Lattice rows of the noise graph from each row's candidates (`select`) and
-/// final hidden states [n_embd, n]; `tokens` [n] is the graph's token input.
+/// final hidden states [n_embd, n]; `tokens` [n] is the graph's token input;
+/// `selector`: DFlash2's weights (None: plain DFlash).
 pub fn build<'a>(
-    net: &Net<'a>,
+    g: &'a GraphCtx,
+    s: &Spec,
+    selector: Option<SelectorWeights<'a>>,
     picked: Candidates<'a>,
     hidden: Tensor<'a>,
     tokens: Tensor<'a>,
     width: i64,
 ) -> Tensor<'a> {
-    let g = net.g;
-    let s = net.spec;
     let n = picked.ids.ne()[1];
     let k = s.top_k;
     let n_blocks = n / width;
@@ -101,9 +112,9 @@ pub fn build<'a>(
     };
 
     let mut packed = g.fill(g.new_tensor(GGML_TYPE_F32, &[s.n_embd, 1, n_blocks]), 0.0);
-    match net.ids.selector {
+    match selector {
         Some(sel) => {
-            let gate = g.mul_mat(net.w.get(sel.hidden), hidden);
+            let gate = g.mul_mat(sel.gate, hidden);
             let gate_blk = g.reshape(gate, &[s.selector.expect("DFlash2").rank, width, n_blocks]);
             let rank = gate_blk.ne()[0];
             // a position's score reads only the candidate sets at p-1 and p, so a
@@ -113,9 +124,9 @@ pub fn build<'a>(
                 let unary_run = run_of(unary_blk, beg, n_pos);
                 let gate_run = run_of(gate_blk, beg, n_pos);
                 let n_pred = pred_ids.ne()[0] / (n_pos * n_blocks);
-                let successor = g.get_rows(net.w.get(sel.successor), g.reshape(cand_run, &[k * n_pos * n_blocks]));
+                let successor = g.get_rows(sel.successor, g.reshape(cand_run, &[k * n_pos * n_blocks]));
                 let successor = g.reshape(successor, &[rank, k, n_pos, n_blocks]);
-                let predecessor = g.get_rows(net.w.get(sel.predecessor), pred_ids);
+                let predecessor = g.get_rows(sel.predecessor, pred_ids);
                 let predecessor = g.reshape(predecessor, &[rank, n_pred, n_pos, n_blocks]);
                 let gate_bcast = g.reshape(gate_run, &[rank, 1, n_pos, n_blocks]);
                 let cond = g.mul(predecessor, g.repeat(gate_bcast, predecessor));

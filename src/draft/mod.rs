@@ -12,13 +12,15 @@
 //! - `spec`: shapes and constants; which drafters this graph covers;
 //! - `weights`, `names`: the weights and their roles;
 //! - `kv`: the cache; `batch`: a decode's host-side inputs;
-//! - `graph`, `conv`, `lattice`: the graphs; `stage`: a scheduler and the
+//! - `graph`, `conv`, `lattice`: the graphs (the lattice below the graph);
+//!   `io`: the names of their inputs and outputs; `stage`: a scheduler and the
 //!   graph it keeps between decodes of the same shape;
 //! - `state`: a sequence's cells in state blobs.
 
 mod batch;
 mod conv;
 mod graph;
+mod io;
 mod kv;
 mod lattice;
 mod names;
@@ -40,7 +42,7 @@ use crate::sys::{
 use batch::{InjectInputs, NoiseInputs};
 pub use batch::{InjectRow, NoiseBlock};
 
-use graph::{HeadSlice, Net, TargetHead as HeadTensors, io};
+use graph::{HeadSlice, Net, TargetHead as HeadTensors};
 use kv::KvCache;
 use names::ModelIds;
 use slices::SliceTopK;
@@ -81,6 +83,25 @@ pub struct HeadTraffic {
     pub full_gather: u64,
     /// Bytes a copy of the whole head on every slice's device would add.
     pub mirrored: u64,
+}
+
+/// Bytes of compute buffers by the stage (scheduler) that holds them: every
+/// compute buffer of the own graph is one stage's. The selection stage holds
+/// some only for a split head whose candidates the host merges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageBytes {
+    /// Noise decodes (the head and, unless the host merges, the lattice).
+    pub noise: u64,
+    /// The lattice of candidates merged on the host (`select_merged`).
+    pub selection: u64,
+    /// Injections and the cache's own edits.
+    pub injection: u64,
+}
+
+impl StageBytes {
+    pub fn total(&self) -> u64 {
+        self.noise + self.selection + self.injection
+    }
 }
 
 /// The target's head as the graphs read it: its tensors, and who ranks each
@@ -557,14 +578,29 @@ impl OwnDrafter {
         state::decode(&mut self.kv, stream, src).unwrap_or(0)
     }
 
+    /// Bytes of each stage's compute buffers on `dev` (None: everywhere):
+    /// what `memory_use` sums as compute.
+    pub fn compute_by_stage(&self, dev: Option<ggml_backend_dev_t>) -> StageBytes {
+        let on_dev = |stage: &Stage| {
+            let sched = stage.sched();
+            sched
+                .backends()
+                .iter()
+                .zip(sched.buffer_sizes())
+                .filter(|(b, _)| dev.is_none_or(|d| d == b.device()))
+                .map(|(_, n)| n as u64)
+                .sum()
+        };
+        StageBytes {
+            noise: on_dev(&self.noise_stage),
+            selection: on_dev(&self.select_stage),
+            injection: on_dev(&self.inject_stage),
+        }
+    }
+
     /// What the drafter holds on `dev` (None: everywhere).
     pub fn memory_use(&self, dev: Option<ggml_backend_dev_t>) -> MemoryUse {
-        let compute = [&self.noise_stage, &self.inject_stage]
-            .iter()
-            .flat_map(|stage| stage.sched().backends().iter().zip(stage.sched().buffer_sizes()))
-            .filter(|(b, _)| dev.is_none_or(|d| d == b.device()))
-            .map(|(_, n)| n)
-            .sum();
+        let compute = self.compute_by_stage(dev).total() as usize;
         let weights = dev.map_or(self.weights.bytes(), |d| self.weights.bytes_on(d));
         MemoryUse { weights, kv: self.kv.bytes_on(dev), compute }
     }

@@ -5,7 +5,7 @@
 //! of the slices ggml ranks in the graph are merged on the host under the
 //! library's order; the selection graph then scores them (`graph::select_lattice`).
 
-use super::graph::io;
+use super::io;
 use crate::error::{Error, Result};
 use crate::log;
 use crate::sys::ggml::{GraphCtx, Tensor};

@@ -4,27 +4,10 @@
 //! rows at dense positions, decode noise blocks into lattice rows, edit and
 //! save a sequence's cells.
 
+use crate::config::DraftGraph;
 use crate::draft::{HeadTraffic, InjectRow, NoiseBlock, OwnDrafter};
 use crate::error::{Error, Result};
 use crate::sys::{Batch, Device, DraftContext, DraftModel, MemoryUse};
-
-/// Which graph computes the drafter's forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DraftGraph {
-    /// The library's own (weights, KV cache and graph of its own).
-    Own,
-    /// libllama's `dflash` graph.
-    Libllama,
-}
-
-impl DraftGraph {
-    pub fn name(self) -> &'static str {
-        match self {
-            DraftGraph::Own => "own",
-            DraftGraph::Libllama => "libllama",
-        }
-    }
-}
 
 /// libllama's drafter: its model, context and batch (dropped in this order:
 /// the batch and the context before the model).

@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
-use super::drafter::DraftGraph;
 use super::setup::{context_size, limits, open_drafter};
 use crate::checkpoint::{Checkpoint, TargetFacts};
-use crate::config::Config;
+use crate::config::{Config, DraftGraph};
+use crate::draft::StageBytes;
 use crate::error::{Error, Result};
 
 /// ggml type id of F16, the draft KV's default type.
@@ -20,8 +20,11 @@ pub struct MemoryEstimate {
     pub weights: u64,
     /// K and V of every layer for every cell of every stream.
     pub kv: u64,
-    /// The scheduler's compute buffers (an estimate, see `compute_bytes`).
+    /// The schedulers' compute buffers (an estimate, see `compute_bytes`).
     pub compute: u64,
+    /// The own graph's compute by stage, what `compute` sums (None:
+    /// libllama's graph, one scheduler).
+    pub stages: Option<StageBytes>,
 }
 
 impl MemoryEstimate {
@@ -68,8 +71,9 @@ fn compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, cells: u64, stre
     n_ubatch * per_row + kv_copy
 }
 
-/// The own graph's compute buffers: one scheduler for injections, one for
-/// noise decodes (each keeps its graph between decodes), so the sum of both.
+/// The own graph's compute buffers, by stage: one scheduler for injections,
+/// one for noise decodes and one for the selection of a head merged on the
+/// host (each keeps its graph between decodes), so the sum of all three.
 /// An injection of `n_ubatch` rows holds each row's tap features and their
 /// fusion to n_embd in f32; a noise decode of every sequence's block holds
 /// each row's logits over the head (and the full-vocabulary scatter of a
@@ -77,13 +81,32 @@ fn compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, cells: u64, stre
 /// f32 intermediates. Checked against the schedulers' buffers on CPU for the
 /// fixture (SWA) and SmolLM2 drafters, n_seq 1 and 4, 4096-cell contexts:
 /// never below them, at most 5% above.
-fn own_compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, noise_rows: u64, cells: u64) -> u64 {
+///
+/// The selection stage reserves buffers only when the target's head is split
+/// by tensor and some slice's candidates are merged on the host, which the
+/// estimate cannot see (a host sizes memory before it loads the target): it
+/// is counted whenever the drafter reads the target's head. It holds, for
+/// every sequence's block, each row's merged candidates, its hidden state,
+/// the selector's gate and k x rank terms, the k x k scores and the lattice
+/// row being packed, in f32 (`selection_bytes`): for the fixture drafter on
+/// a target split over two RPC nodes and the CPU, n_seq 1 and 4, about 2.5x
+/// the stage's buffers on the drafter's device (a few KB; tests/tensor_split.rs).
+fn own_compute_bytes(ckpt: &Checkpoint, n_feat: u64, n_ubatch: u64, noise_rows: u64, cells: u64) -> StageBytes {
     let hp = &ckpt.hparams;
     let n_embd = hp.n_embd as u64;
     let head = ckpt.n_vocab_draft as u64 + if ckpt.n_vocab_draft != hp.n_vocab { hp.n_vocab as u64 } else { 0 };
-    let inject = n_ubatch * (4 * (n_feat + n_embd) + 16);
-    let noise = noise_rows * (4 * head + 2 * cells + 32 * n_embd);
-    inject + noise
+    StageBytes {
+        noise: noise_rows * (4 * head + 2 * cells + 32 * n_embd),
+        selection: if ckpt.own_head { 0 } else { selection_bytes(ckpt, noise_rows) },
+        injection: n_ubatch * (4 * (n_feat + n_embd) + 16),
+    }
+}
+
+/// The selection graph of `rows` rows (`draft::graph::select_lattice`).
+fn selection_bytes(ckpt: &Checkpoint, rows: u64) -> u64 {
+    let hp = &ckpt.hparams;
+    let (n_embd, k, rank) = (hp.n_embd as u64, hp.selector_top_k as u64, hp.selector_rank as u64);
+    rows * 4 * (2 * k + 3 * n_embd + rank + 3 * rank * k + 2 * k * k)
 }
 
 /// Estimates what an engine for the drafter at `path` allocates next to a
@@ -125,14 +148,14 @@ pub fn estimate_for(
         let cells = size.n_ctx_seq as u64;
         let kv = hp.n_layer as u64 * cells * config.n_seq as u64 * kv_row;
         let noise_rows = (config.n_seq * limits.block_size) as u64;
-        let compute = own_compute_bytes(ckpt, n_feat, size.n_ubatch as u64, noise_rows, cells);
-        return Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute });
+        let stages = own_compute_bytes(ckpt, n_feat, size.n_ubatch as u64, noise_rows, cells);
+        return Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute: stages.total(), stages: Some(stages) });
     }
     let (cells, streams) = kv_cells(size.n_ctx_seq as u64, config.n_seq as u64);
     let kv = hp.n_layer as u64 * cells * streams * kv_row;
     let quantized_kv = type_k != GGML_TYPE_F16 || type_v != GGML_TYPE_F16;
     let compute = compute_bytes(ckpt, n_feat, size.n_ubatch as u64, cells, streams, quantized_kv);
-    Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute })
+    Ok(MemoryEstimate { weights: ckpt.weight_bytes, kv, compute, stages: None })
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ use crate::log;
 use crate::ngram::NgramAcceptance;
 use crate::sys::{Device, MemoryUse, TargetContext};
 
-pub use drafter::{DraftGraph, Drafter};
+pub use crate::config::DraftGraph;
+pub use drafter::Drafter;
 pub use estimate::{MemoryEstimate, estimate_memory};
 use sequence::Sequence;
 pub use setup::Limits;

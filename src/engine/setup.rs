@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::checkpoint::{self, Checkpoint, Opened, TargetFacts};
-use crate::config::Config;
+use crate::config::{Config, DraftGraph};
 use crate::draft::{OwnDrafter, OwnSetup};
 use crate::error::{Error, Result};
 use crate::log;
@@ -15,7 +15,7 @@ use crate::sys::{
     registered_devices,
 };
 
-use super::drafter::{DraftGraph, Drafter, LibllamaDrafter};
+use super::drafter::{Drafter, LibllamaDrafter};
 use super::estimate::estimate_for;
 use super::placement::{self, Placement, PlacementInput};
 

@@ -9,8 +9,8 @@
 //! n_queued x i32 target, n_queued x n_feat f32, u32 n_text, n_text x (i32
 //! target, i32 token), u64 kv length, kv bytes.
 
-use super::drafter::DraftGraph;
 use super::row_queue::RowQueue;
+use crate::config::DraftGraph;
 use crate::error::{Error, Result};
 use crate::ngram::TokenHistory;
 use crate::positions::{Entry, MAX_TARGET_POS, SeqMap};

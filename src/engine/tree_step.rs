@@ -28,7 +28,7 @@ use crate::params::LLAMA_SPEC_DFLASH2_MAX_DRAFT;
 use crate::sys::TreeRoom;
 use crate::tree::{
     FirstChild, Proposals, SampledKey, SampledTree, Tree, TreeLimits, accept_matching, grow_tree, grow_tree_by,
-    merge_branches, raw_key, sample_tree_by,
+    merge_branches, observe_branches, raw_key, sample_tree_by,
 };
 use crate::truncation::DraftQ;
 
@@ -327,7 +327,7 @@ impl Engine {
             calibration::observe_tree(&mut self.tree_acceptance, tree, &path, n_verified);
         }
         // n-gram branch nodes of either kind of tree: their measured acceptance prices the next ones
-        let (reached, accepted) = self.ngram_acceptance.observe_tree(tree, &path, n_verified);
+        let (reached, accepted) = observe_branches(&mut self.ngram_acceptance, tree, &path, n_verified);
         self.stats.n_ngram_reached += reached as u64;
         self.stats.n_ngram_accepted += accepted as u64;
         let dropped = self.seqs[s].resolve_held_rows(&rows);

@@ -378,10 +378,10 @@ pub unsafe extern "C" fn llama_spec_dflash2_block_size(spec: *mut llama_spec_dfl
 pub unsafe extern "C" fn llama_spec_dflash2_draft_graph(spec: *mut llama_spec_dflash2) -> i32 {
     engine_value(spec, |e| {
         Ok(match e.draft_graph() {
-            crate::engine::DraftGraph::Own => {
+            crate::config::DraftGraph::Own => {
                 crate::params::llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_OWN
             }
-            crate::engine::DraftGraph::Libllama => {
+            crate::config::DraftGraph::Libllama => {
                 crate::params::llama_spec_dflash2_draft_graph::LLAMA_SPEC_DFLASH2_DRAFT_GRAPH_LIBLLAMA
             }
         } as i32)

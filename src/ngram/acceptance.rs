@@ -9,7 +9,6 @@
 //! and those towards [`CONTINUATION_PRIOR`].
 
 use super::propose::{MAX_MATCH, N_CLASSES};
-use crate::tree::Tree;
 
 /// Depths with a cell of their own; deeper ones share the last.
 const MAX_DEPTH: usize = 16;
@@ -77,25 +76,6 @@ impl NgramAcceptance {
             add(&mut self.later[m]);
             add(&mut self.every_later);
         }
-    }
-
-    /// A greedy tree was verified and `path` accepted: every branch node
-    /// (`Node::ngram` > 0) whose parent was reached is a trial. Only the first
-    /// `n_verified` nodes count (the host verified those); returns the branch
-    /// nodes reached and accepted.
-    pub fn observe_tree(&mut self, tree: &Tree, path: &[usize], n_verified: usize) -> (usize, usize) {
-        let mut on_path = vec![false; tree.len()];
-        path.iter().for_each(|&i| on_path[i] = true);
-        let (mut reached, mut accepted) = (0, 0);
-        for (i, n) in tree.nodes().iter().enumerate().take(n_verified) {
-            let parent_reached = n.parent().is_none_or(|p| on_path[p]);
-            if n.ngram > 0 && parent_reached {
-                self.observe(n.ngram as usize, n.depth, on_path[i]);
-                reached += 1;
-                accepted += on_path[i] as usize;
-            }
-        }
-        (reached, accepted)
     }
 }
 

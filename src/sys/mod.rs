@@ -21,7 +21,7 @@ pub use bindings::*;
 pub use device::{Device, DeviceKind, registered_devices};
 pub use draft::{Batch, ContextSetup, DraftContext, DraftModel, MemoryUse, ModelLoad};
 pub use head::TargetHead;
-pub use model::target_facts;
+pub use model::{TargetFacts, target_facts};
 pub use target::{TargetContext, TreeRoom};
 
 // The shim in csrc/llama_ext_shim.cpp; each wrapper catches C++ exceptions.

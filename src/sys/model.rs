@@ -3,7 +3,16 @@
 use std::ffi::CStr;
 
 use super::*;
-use crate::checkpoint::TargetFacts;
+
+/// What libllama says about a target model that a drafter must match
+/// (`crate::checkpoint::check_target` checks it): plain data, no judgement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetFacts {
+    pub architecture: String,
+    pub n_embd: u32,
+    pub n_layer: u32,
+    pub n_vocab: u32,
+}
 
 /// Reads the metadata string `key` of a model; `None` when absent.
 ///

@@ -5,7 +5,6 @@ use std::ptr::NonNull;
 
 use super::device::{Device, model_devices};
 use super::*;
-use crate::checkpoint::TargetFacts;
 
 /// The target context's limits on tree verification.
 #[derive(Clone, Copy, Debug)]

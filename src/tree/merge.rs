@@ -8,7 +8,7 @@
 
 use super::grow::Shape;
 use super::{NOT_IN_LATTICE, Node, Tree, TreeLimits, slot};
-use crate::ngram::Branch;
+use crate::ngram::{Branch, NgramAcceptance};
 
 /// `tree` (grown best-first by `lattice_p`) with `branches` merged in, cut to
 /// `limits`. `lattice_p(node)` and `branch_p(class, depth)` estimate
@@ -100,6 +100,31 @@ pub fn merge_branches(
     Tree { nodes: out }
 }
 
+/// A greedy tree was verified and `path` accepted: every branch node
+/// (`Node::ngram` > 0) whose parent was reached is a trial of `acceptance`.
+/// Only the first `n_verified` nodes count (the host verified those); returns
+/// the branch nodes reached and accepted. Here rather than in `crate::ngram`,
+/// which knows branches but not trees (the tree is built on the n-grams).
+pub fn observe_branches(
+    acceptance: &mut NgramAcceptance,
+    tree: &Tree,
+    path: &[usize],
+    n_verified: usize,
+) -> (usize, usize) {
+    let mut on_path = vec![false; tree.len()];
+    path.iter().for_each(|&i| on_path[i] = true);
+    let (mut reached, mut accepted) = (0, 0);
+    for (i, n) in tree.nodes().iter().enumerate().take(n_verified) {
+        let parent_reached = n.parent().is_none_or(|p| on_path[p]);
+        if n.ngram > 0 && parent_reached {
+            acceptance.observe(n.ngram as usize, n.depth, on_path[i]);
+            reached += 1;
+            accepted += on_path[i] as usize;
+        }
+    }
+    (reached, accepted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +168,26 @@ mod tests {
         // greedy acceptance follows the branch where the target agrees with it
         let argmax = [10, 12, 13, 99, 99, 99];
         assert_eq!(accept_greedy(&m, &argmax).unwrap().path, vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn branch_nodes_whose_parent_was_reached_are_the_trials_of_their_acceptance() {
+        let t = lattice();
+        let b = Branch { tokens: vec![10, 12, 13], match_len: 4, after_edit: false };
+        // 10 (branch and lattice), 12, 13 (branch), 11, 20 (lattice)
+        let m = merge_branches(&t, &[b], TreeLimits::tree(6, 7), raw, |_, _| 0.9);
+        let mut acceptance = NgramAcceptance::default();
+        // 10 and 12 accepted: 10, 12 and 13 reached (13's parent was), 11 and 20 no branch nodes
+        assert_eq!(observe_branches(&mut acceptance, &m, &[0, 1], m.len()), (3, 2));
+        let mut expected = NgramAcceptance::default();
+        for (depth, accepted) in [(1, true), (2, true), (3, false)] {
+            expected.observe(4, depth, accepted);
+        }
+        assert_eq!(acceptance, expected);
+        // only what the host verified counts; nothing reached past a rejected parent
+        let mut acceptance = NgramAcceptance::default();
+        assert_eq!(observe_branches(&mut acceptance, &m, &[0, 1], 2), (2, 2));
+        assert_eq!(observe_branches(&mut acceptance, &m, &[], m.len()), (1, 0));
     }
 
     #[test]

@@ -63,7 +63,7 @@ mod verify_sampled;
 pub use accept::{TreeVerdict, accept_greedy, accept_matching};
 pub use encode::{KvOp, VerifyRow};
 pub use grow::{grow_tree, grow_tree_by};
-pub use merge::merge_branches;
+pub use merge::{merge_branches, observe_branches};
 pub use sample::{FirstChild, Proposals, SampledKey, SampledTree, raw_key, sample_tree, sample_tree_by};
 pub use verify_sampled::{Outcome, TreeStep, verify_children, verify_sampled_node, verify_sampled_tree};
 
