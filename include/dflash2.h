@@ -68,7 +68,11 @@
 // 12: the llama.cpp the library was built against (llama_spec_dflash2_llama_built)
 // and the check of the loaded one against it (llama_spec_dflash2_llama_check,
 // also made by init: LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH).
-#define LLAMA_SPEC_DFLASH2_API_VERSION 12
+// 13: the target's KV bookkeeping of tree verification kept by the engine
+// (llama_spec_dflash2_tree_kv_seq_ids, _init, _rows, _commit, _unpark,
+// _parked): path and park sequence ids, the prefix tagged before the verify
+// decode, the accepted path committed and the step's other cells parked after it.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 13
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -476,6 +480,15 @@ struct llama_spec_dflash2_tree_node {
   // sampled tree: the growth's estimate that the target accepts this node
   // (see llama_spec_dflash2_draft_tree), known before the node was drawn.
   float path_prob;
+};
+
+// One row of a tree's verify batch: add it with its sequence ids
+// `seq_ids[seq_id_first .. seq_id_first + n_seq_id)` and logits on.
+struct llama_spec_dflash2_tree_row {
+  llama_token token;
+  llama_pos pos;
+  int32_t seq_id_first;
+  int32_t n_seq_id;
 };
 
 // What the engine holds for one sequence.
@@ -1199,6 +1212,78 @@ int32_t llama_spec_dflash2_verify_tree_sampled(struct llama_spec_dflash2 *spec,
                                                int32_t n_emitted_max,
                                                int32_t *n_emitted,
                                                int32_t *path);
+
+// The n_seq_max a target context needs for `n_seq` sequences verifying trees
+// of at most `n_leaves` leaves with the engine's bookkeeping: n_seq x
+// (n_leaves + 1) (sequence k's own id k serves its first path; ids n_seq +
+// k (n_leaves - 1) on its other paths; n_seq x n_leaves + k parks its cells).
+// Returns that count, or _INVALID_ARGUMENT (a negative count, or more than
+// INT32_MAX ids).
+int32_t llama_spec_dflash2_tree_kv_seq_ids(int32_t n_seq, int32_t n_leaves);
+
+// Hands the target's KV bookkeeping of trees of at most `n_leaves` leaves to
+// the engine, for every sequence it serves (0 .. n_seq - 1). The target
+// context must be unified (kv_unified), pure attention (not recurrent or
+// hybrid) and hold llama_spec_dflash2_tree_kv_seq_ids(n_seq, n_leaves)
+// sequence ids; draft trees with max_leaves <= n_leaves. From then on the
+// engine's seq_rm mirror of a whole sequence (p0 = p1 = -1; seq_id -1: all)
+// also frees the sequence's parked cells on the target, and one that removes
+// a tree's anchor drops its path ids' cells.
+// Returns 0, or _INVALID_ARGUMENT (n_leaves < 1, a context that cannot hold
+// the ids or branch, named in the message) / _NULL_ARGUMENT; nothing changes then.
+int32_t llama_spec_dflash2_tree_kv_init(struct llama_spec_dflash2 *spec, int32_t n_leaves);
+
+// The verify rows of `seq_id`'s tree (from llama_spec_dflash2_draft_tree),
+// its anchor `id_last` at `n_past`: row 0 the anchor, row i + 1 node i, each
+// with its sequence ids in `seq_ids` (room for `n_seq_ids_max`); `rows` has
+// room for `n_rows_max` (>= the tree's nodes + 1). Before returning, the
+// tree's path ids are tagged with the sequence's cells on the target (call it
+// before the verify decode, once per tree). Add the rows to the batch in
+// this order, logits on, and pass them to llama_spec_dflash2_process with
+// the sequence's own id; after verification (verify_tree_greedy, or the
+// sampled steps and accept_tree) call llama_spec_dflash2_tree_kv_commit.
+// Returns 0, or _INVALID_STATE (no bookkeeping, no tree awaiting
+// verification, its rows already out) / _INVALID_ARGUMENT (more leaves than
+// the bookkeeping's) / _BUFFER_TOO_SMALL / _NULL_ARGUMENT /
+// _UNKNOWN_SEQUENCE / _BACKEND; nothing changes on an argument error.
+int32_t llama_spec_dflash2_tree_kv_rows(struct llama_spec_dflash2 *spec,
+                                        llama_seq_id seq_id,
+                                        llama_token id_last,
+                                        llama_pos n_past,
+                                        struct llama_spec_dflash2_tree_row *rows,
+                                        int32_t n_rows_max,
+                                        llama_seq_id *seq_ids,
+                                        int32_t n_seq_ids_max,
+                                        int32_t *n_rows);
+
+// After `seq_id`'s tree was verified and the path `path[0 .. n_path)`
+// accepted (node indices from depth 1 down, as verify_tree_greedy writes
+// them; empty: no node): every cell of the step is parked under the
+// sequence's park id, the sequence keeps its prefix, the anchor and the path,
+// its other path ids are emptied. The next anchor goes to n_past + 1 + n_path.
+// Returns 0, or _INVALID_STATE (no rows out for this sequence) /
+// _INVALID_ARGUMENT (not a path of the tree) / _NULL_ARGUMENT /
+// _UNKNOWN_SEQUENCE / _BACKEND.
+int32_t llama_spec_dflash2_tree_kv_commit(struct llama_spec_dflash2 *spec,
+                                          llama_seq_id seq_id,
+                                          const int32_t *path,
+                                          int32_t n_path);
+
+// Frees every parked cell of the engine's sequences on the target (a decode
+// found the cache short of cells: retry it after this). Later rows reuse
+// those cells out of position order, so T = 0 outputs may then differ from
+// target-only decoding in the last bits (`*n_parked` of
+// llama_spec_dflash2_tree_kv_parked says how many were held; `unparked` that
+// it happened, until every sequence is emptied).
+// Returns 0, or _INVALID_STATE (no bookkeeping) / _NULL_ARGUMENT / _BACKEND.
+int32_t llama_spec_dflash2_tree_kv_unpark(struct llama_spec_dflash2 *spec);
+
+// Cells the engine's sequences hold parked on the target, and whether parked
+// cells were freed (tree_kv_unpark) since every sequence was last emptied.
+// Returns 0, or _INVALID_STATE (no bookkeeping) / _NULL_ARGUMENT.
+int32_t llama_spec_dflash2_tree_kv_parked(struct llama_spec_dflash2 *spec,
+                                          int64_t *n_parked,
+                                          bool *unparked);
 
 // Mirrors llama_memory_seq_rm on the target: removes the rows at target
 // positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every

@@ -16,6 +16,7 @@
 
 #include "dflash2.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -248,6 +249,35 @@ struct engine {
     void accept_tree(llama_seq_id seq_id, const std::vector<int32_t> & path) {
         check(llama_spec_dflash2_accept_tree(get(), seq_id, path.data(), (int32_t) path.size()), "accept_tree");
     }
+
+    // the target's KV bookkeeping of trees of at most n_leaves leaves, kept by the
+    // engine (llama_spec_dflash2_tree_kv_init): the target context needs
+    // llama_spec_dflash2_tree_kv_seq_ids(n_seq, n_leaves) sequence ids
+    void tree_kv_init(int32_t n_leaves) {
+        check(llama_spec_dflash2_tree_kv_init(get(), n_leaves), "tree_kv_init");
+    }
+
+    // the verify rows of seq_id's tree, its path ids tagged on the target
+    // (llama_spec_dflash2_tree_kv_rows): row r's sequence ids are
+    // seq_ids[rows[r].seq_id_first .. + rows[r].n_seq_id)
+    void tree_kv_rows(llama_seq_id seq_id, llama_token id_last, llama_pos n_past, int32_t n_nodes,
+            std::vector<llama_spec_dflash2_tree_row> & rows, std::vector<llama_seq_id> & seq_ids) {
+        rows.resize(n_nodes + 1);
+        seq_ids.resize((size_t) (n_nodes + 1) * (size_t) std::max(n_nodes, 1) + 1);
+        int32_t n_rows = 0;
+        check(llama_spec_dflash2_tree_kv_rows(get(), seq_id, id_last, n_past, rows.data(), (int32_t) rows.size(),
+                seq_ids.data(), (int32_t) seq_ids.size(), &n_rows), "tree_kv_rows");
+        rows.resize(n_rows);
+    }
+
+    // after verification accepted `path`: the step's cells parked, the path kept in
+    // seq_id (llama_spec_dflash2_tree_kv_commit)
+    void tree_kv_commit(llama_seq_id seq_id, const std::vector<int32_t> & path) {
+        check(llama_spec_dflash2_tree_kv_commit(get(), seq_id, path.data(), (int32_t) path.size()), "tree_kv_commit");
+    }
+
+    // frees every parked cell (the cache ran short: retry the decode)
+    void tree_kv_unpark() { check(llama_spec_dflash2_tree_kv_unpark(get()), "tree_kv_unpark"); }
 
     void accept(llama_seq_id seq_id, int32_t n_accepted) {
         check(llama_spec_dflash2_accept(get(), seq_id, n_accepted), "accept");

@@ -210,6 +210,54 @@ fn process_rows(spec: &Spec, rows: &[llama_spec_dflash2_row]) -> i32 {
     unsafe { llama_spec_dflash2_process(spec.0, rows.as_ptr(), rows.len() as i32) }
 }
 
+fn tree_kv_init(spec: &Spec, n_leaves: i32) -> i32 {
+    unsafe { llama_spec_dflash2_tree_kv_init(spec.0, n_leaves) }
+}
+
+/// llama_spec_dflash2_tree_kv_rows with room for `room` rows and their ids:
+/// (status, rows with their sequence ids).
+fn tree_kv_rows(spec: &Spec, seq: i32, id_last: i32, n_past: i32, room: usize) -> (i32, Vec<(i32, i32, Vec<i32>)>) {
+    let mut rows = vec![llama_spec_dflash2_tree_row::default(); room];
+    let mut ids = vec![-1; room * room.max(1)];
+    let mut n = -1;
+    let rc = unsafe {
+        llama_spec_dflash2_tree_kv_rows(
+            spec.0,
+            seq,
+            id_last,
+            n_past,
+            rows.as_mut_ptr(),
+            room as i32,
+            ids.as_mut_ptr(),
+            ids.len() as i32,
+            &mut n,
+        )
+    };
+    if rc != 0 {
+        return (rc, Vec::new());
+    }
+    let rows = rows[..n as usize]
+        .iter()
+        .map(|r| {
+            let first = r.seq_id_first as usize;
+            (r.token, r.pos, ids[first..first + r.n_seq_id as usize].to_vec())
+        })
+        .collect();
+    (rc, rows)
+}
+
+fn tree_kv_commit(spec: &Spec, seq: i32, path: &[usize]) -> i32 {
+    let path: Vec<i32> = path.iter().map(|&i| i as i32).collect();
+    unsafe { llama_spec_dflash2_tree_kv_commit(spec.0, seq, path.as_ptr(), path.len() as i32) }
+}
+
+/// Cells parked by the engine's bookkeeping, and whether any were freed.
+fn tree_kv_parked(spec: &Spec) -> (i64, bool) {
+    let (mut n, mut unparked) = (-1, true);
+    assert_eq!(unsafe { llama_spec_dflash2_tree_kv_parked(spec.0, &mut n, &mut unparked) }, 0, "{}", last_error());
+    (n, unparked)
+}
+
 // ---- the loop ---------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug)]
@@ -262,6 +310,16 @@ struct Host<'a> {
     park: Option<i32>,
     /// Target-only outputs per stream, to locate the first divergence.
     reference: Option<&'a [Vec<i32>]>,
+    /// Who keeps the target's KV: the host (`Tree::kv_prepare`/`kv_commit`
+    /// with `pools` and `park`) or the engine (llama_spec_dflash2_tree_kv_*,
+    /// its own ids and park ids; `pools` and `park` unused).
+    kv: Kv,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kv {
+    Host,
+    Engine,
 }
 
 /// Where a stream first left the reference: its output index and how far
@@ -280,6 +338,7 @@ fn generate_trees(
     shapes: &mut Shapes,
 ) -> Vec<Divergence> {
     let mut diverged: Vec<Divergence> = vec![None; streams.len()];
+    let n_streams = streams.len();
     loop {
         let active: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].out.len() < n_gen).collect();
         if active.is_empty() {
@@ -291,10 +350,24 @@ fn generate_trees(
         let mut rows = Vec::new();
         let mut first = Vec::new();
         for (k, &i) in active.iter().enumerate() {
-            let (s, pool, tree) = (&streams[i], &host.pools[i], &trees[k]);
+            let (s, tree) = (&streams[i], &trees[k]);
+            first.push(rows.len());
+            if host.kv == Kv::Engine {
+                let (rc, verify) = tree_kv_rows(spec, s.seq, s.id_last, s.n_past, tree.len() + 1);
+                assert_eq!(rc, 0, "tree_kv_rows: {}", last_error());
+                // the engine's rows are the encoding's, on its own ids
+                let pool = engine_pool(n_streams, host.shape.max_leaves, s.seq);
+                let want = tree.verify_rows(s.id_last, s.n_past, s.seq, &pool).unwrap();
+                assert_eq!(verify.len(), want.len());
+                for ((token, pos, seq_ids), w) in verify.into_iter().zip(want) {
+                    assert_eq!((token, pos, &seq_ids), (w.token, w.pos, &w.seq_ids));
+                    rows.push(MRow { owner: s.seq, token, pos, seq_ids });
+                }
+                continue;
+            }
+            let pool = &host.pools[i];
             assert!(tree.leaves().len() <= pool.len(), "a tree with more leaves than max_leaves");
             apply(target, &tree.kv_prepare(s.seq, pool).unwrap());
-            first.push(rows.len());
             for r in tree.verify_rows(s.id_last, s.n_past, s.seq, pool).unwrap() {
                 rows.push(MRow { owner: s.seq, token: r.token, pos: r.pos, seq_ids: r.seq_ids });
             }
@@ -330,18 +403,31 @@ fn generate_trees(
                     diverged[i] = Some((at + j, logits[tokens[j] as usize] - logits[want[at + j] as usize]));
                 }
             }
-            if let Some(park) = host.park {
-                for &id in std::iter::once(&s.seq).chain(&host.pools[i]) {
-                    apply(target, &[KvOp::SeqCp { src: id, dst: park, p0: s.n_past, p1: -1 }]);
+            let pool = if host.kv == Kv::Engine {
+                let parked = tree_kv_parked(spec).0;
+                assert_eq!(tree_kv_commit(spec, s.seq, &path), 0, "tree_kv_commit: {}", last_error());
+                // every cell of the step is parked but the anchor's and the path's
+                assert_eq!(tree_kv_parked(spec), (parked + (tree.len() - path.len()) as i64, false));
+                let park = engine_park(n_streams, host.shape.max_leaves, s.seq);
+                // (an earlier, deeper tree's parked cells may reach further)
+                let deepest = s.n_past + tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0) as i32;
+                assert!(pos_max(target, park) >= deepest, "park id {park} lacks the step's cells");
+                engine_pool(n_streams, host.shape.max_leaves, s.seq)
+            } else {
+                if let Some(park) = host.park {
+                    for &id in std::iter::once(&s.seq).chain(&host.pools[i]) {
+                        apply(target, &[KvOp::SeqCp { src: id, dst: park, p0: s.n_past, p1: -1 }]);
+                    }
                 }
-            }
-            apply(target, &tree.kv_commit(&path, s.n_past, s.seq, &host.pools[i]).unwrap());
+                apply(target, &tree.kv_commit(&path, s.n_past, s.seq, &host.pools[i]).unwrap());
+                host.pools[i].clone()
+            };
             s.out.extend_from_slice(&tokens);
             s.n_past += tokens.len() as i32;
             s.id_last = *tokens.last().unwrap();
             // the target keeps the prefix and the accepted path, in seq only
             assert_eq!(pos_max(target, s.seq), s.n_past - 1);
-            for &id in host.pools[i].iter().filter(|&&id| id != s.seq) {
+            for &id in pool.iter().filter(|&&id| id != s.seq) {
                 assert_eq!(pos_max(target, id), -1, "path id {id} still holds cells");
             }
         }
@@ -358,6 +444,17 @@ fn check_lossless(spec: &Spec, streams: &[Stream], reference: &[Vec<i32>], n_gen
         assert_eq!(info.n_in_kv + info.n_queued, s.n_past, "{what}: seq {}", s.seq);
         assert_eq!(info.last_target_pos, s.n_past - 1, "{what}: seq {}", s.seq);
     }
+}
+
+/// The path ids and park id of sequence `seq` of `n_seq` in the engine's
+/// bookkeeping for trees of `leaves` leaves (llama_spec_dflash2_tree_kv_seq_ids).
+fn engine_pool(n_seq: usize, leaves: i32, seq: i32) -> Vec<i32> {
+    let (n, l) = (n_seq as i32, leaves);
+    std::iter::once(seq).chain((1..l).map(|j| n + seq * (l - 1) + (j - 1))).collect()
+}
+
+fn engine_park(n_seq: usize, leaves: i32, seq: i32) -> i32 {
+    n_seq as i32 * leaves + seq
 }
 
 /// Path ids for `n_seq` sequences with `leaves` each, after the sequences'
@@ -395,7 +492,7 @@ fn fixture_prompts(t: &Target) -> Vec<Vec<i32>> {
 const N_GEN: usize = 40;
 
 fn plain<'a>(pools: &'a [Vec<i32>], shape: Shape, verify: Verify) -> Host<'a> {
-    Host { pools, shape, verify, park: None, reference: None }
+    Host { pools, shape, verify, park: None, reference: None, kv: Kv::Host }
 }
 
 // ---- lossless -------------------------------------------------------------
@@ -455,6 +552,106 @@ fn fixture_pair_trees_are_lossless_on_four_interleaved_sequences() {
             assert_eq!((info.kv_pos_min, info.kv_pos_max), (0, info.n_in_kv - 1), "seq {}", s.seq);
         }
     }
+}
+
+/// The engine keeping the target's KV (llama_spec_dflash2_tree_kv_*, as the
+/// bench and the server do): four interleaved sequences stay target-only
+/// greedy, with every step's off-path cells parked and counted.
+#[test]
+fn fixture_pair_trees_are_lossless_with_the_engine_keeping_the_target_kv() {
+    let fx = fixtures();
+    const LEAVES: i32 = 4;
+    let n_ids = llama_spec_dflash2_tree_kv_seq_ids(4, LEAVES);
+    let mut target = unified_target(&fx.target, n_ids as u32, 2048, 512, 512);
+    let prompts = fixture_prompts(&target);
+    let reference = greedy_reference(&fx.target, &prompts, N_GEN);
+    let shape = Shape { n_nodes: 6, max_children: 0, max_leaves: LEAVES };
+    for verify in [Verify::Host, Verify::Library] {
+        target.seq_rm(-1, -1, -1);
+        let spec = Spec::new(&target, &fx.drafter, default_params(4));
+        assert_eq!(tree_kv_init(&spec, LEAVES), 0, "{}", last_error());
+        let mut streams = prefill(&mut target, &spec, &prompts);
+        let host = Host { pools: &[], shape, verify, park: None, reference: Some(&reference), kv: Kv::Engine };
+        let mut shapes = Shapes::default();
+        let diverged = generate_trees(&mut target, &spec, &mut streams, N_GEN, host, &mut shapes);
+        assert!(diverged.iter().all(Option::is_none), "{diverged:?}");
+        check_lossless(&spec, &streams, &reference, N_GEN, "the engine's bookkeeping");
+        assert!(shapes.0.keys().any(|s| s.iter().any(|&n| n > 1)), "no tree branched: {}", shapes.top(3));
+        let (parked, unparked) = tree_kv_parked(&spec);
+        assert!(parked > 0 && !unparked, "{parked} {unparked}");
+        // emptying every sequence (mirrored to the engine) frees the parked cells too
+        target.seq_rm(-1, -1, -1);
+        spec.seq_rm(-1, -1, -1);
+        assert_eq!(tree_kv_parked(&spec), (0, false));
+        for k in 0..4 {
+            assert_eq!(pos_max(&target, engine_park(4, LEAVES, k)), -1, "park id of sequence {k}");
+        }
+    }
+}
+
+/// The bookkeeping's calls refuse what they cannot do, with the reason, and
+/// change nothing on the target.
+#[test]
+fn bad_tree_kv_calls_are_refused_and_change_nothing() {
+    let fx = fixtures();
+    const LEAVES: i32 = 3;
+    let refused = |rc: i32, status: &str, needle: &str| {
+        assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
+        assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
+    };
+    assert_eq!(llama_spec_dflash2_tree_kv_seq_ids(2, LEAVES), 8);
+    refused(llama_spec_dflash2_tree_kv_seq_ids(-1, LEAVES), "INVALID_ARGUMENT", "n_seq");
+    // contexts that cannot hold the bookkeeping
+    let short = unified_target(&fx.target, 7, 1024, 64, 64);
+    let spec = Spec::new(&short, &fx.drafter, default_params(2));
+    refused(tree_kv_init(&spec, LEAVES), "INVALID_ARGUMENT", "n_seq_max >= 8");
+    refused(tree_kv_init(&spec, 0), "INVALID_ARGUMENT", "at least one leaf");
+    drop(spec);
+    let split = Target::with_params(&fx.target, |cp| {
+        cp.n_ctx = 1024;
+        cp.n_seq_max = 8;
+        cp.kv_unified = false;
+    });
+    let spec = Spec::new(&split, &fx.drafter, default_params(2));
+    refused(tree_kv_init(&spec, LEAVES), "INVALID_ARGUMENT", "not unified");
+    drop(spec);
+
+    let mut target = unified_target(&fx.target, 8, 1024, 64, 64);
+    let prompts = fixture_prompts(&target);
+    let spec = Spec::new(&target, &fx.drafter, default_params(2));
+    let streams = prefill(&mut target, &spec, &prompts[..2]);
+    let (id_last, n_past) = (streams[0].id_last, streams[0].n_past);
+    refused(tree_kv_rows(&spec, 0, id_last, n_past, 8).0, "INVALID_STATE", "tree_kv_init");
+    refused(tree_kv_commit(&spec, 0, &[]), "INVALID_STATE", "tree_kv_init");
+    assert_eq!(tree_kv_init(&spec, LEAVES), 0, "{}", last_error());
+    refused(tree_kv_rows(&spec, 0, id_last, n_past, 8).0, "INVALID_STATE", "no tree draft");
+    refused(tree_kv_commit(&spec, 0, &[]), "INVALID_STATE", "no tree rows out");
+    refused(tree_kv_rows(&spec, 9, id_last, n_past, 8).0, "UNKNOWN_SEQUENCE", "9");
+    let shape = Shape { n_nodes: 6, max_children: 0, max_leaves: LEAVES };
+    let tree = to_tree(&draft_tree(&spec, &[request(0, id_last, shape)])[0]);
+    assert!(tree.leaves().len() > 1, "the fixture tree branches: {tree:?}");
+    // too small a buffer: nothing tagged on the target
+    refused(tree_kv_rows(&spec, 0, id_last, n_past, tree.len()).0, "BUFFER_TOO_SMALL", "verify rows");
+    for id in engine_pool(2, LEAVES, 0).into_iter().skip(1) {
+        assert_eq!(pos_max(&target, id), -1, "path id {id} was tagged");
+    }
+    let (rc, rows) = tree_kv_rows(&spec, 0, id_last, n_past, tree.len() + 1);
+    assert_eq!(rc, 0, "{}", last_error());
+    assert_eq!(rows.len(), tree.len() + 1);
+    // the path ids now hold the prefix; the rows are out once
+    for id in engine_pool(2, LEAVES, 0).into_iter().take(tree.leaves().len()) {
+        assert_eq!(pos_max(&target, id), n_past - 1, "path id {id}");
+    }
+    refused(tree_kv_rows(&spec, 0, id_last, n_past, tree.len() + 1).0, "INVALID_STATE", "already handed out");
+    refused(tree_kv_commit(&spec, 0, &[5, 0]), "INVALID_ARGUMENT", "not a path");
+    // a removal through the anchor drops the tree and empties its path ids
+    target.seq_rm(0, n_past, -1);
+    spec.seq_rm(0, n_past, -1);
+    for id in engine_pool(2, LEAVES, 0).into_iter().skip(1) {
+        assert_eq!(pos_max(&target, id), -1, "path id {id} kept cells of a dropped tree");
+    }
+    refused(tree_kv_commit(&spec, 0, &[]), "INVALID_STATE", "no tree rows out");
+    assert_eq!(tree_kv_parked(&spec), (0, false));
 }
 
 const SMOL_PROMPTS: [&str; 8] = [
@@ -535,7 +732,8 @@ fn smollm2_trained_drafter_trees_are_lossless_tau_tree_vs_chain() {
             let mut streams = prefill(&mut target, &spec, std::slice::from_ref(prompt));
             let pools = [if p % 2 == 0 { (0..LEAVES).collect() } else { (1..=LEAVES).collect::<Vec<i32>>() }];
             let verify = if p % 2 == 0 { Verify::Host } else { Verify::Library };
-            let host = Host { pools: &pools, shape, verify, park, reference: Some(std::slice::from_ref(want)) };
+            let host =
+                Host { pools: &pools, shape, verify, park, reference: Some(std::slice::from_ref(want)), kv: Kv::Host };
             let mut seen = Shapes::default();
             let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut seen)[0];
             if park.is_some() {
@@ -589,7 +787,14 @@ fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
     let mut streams = prefill(&mut target, &spec, &prompts);
     let pools = pools(4, LEAVES);
     let shape = Shape { n_nodes: 7, max_children: 0, max_leaves: LEAVES };
-    let host = Host { pools: &pools, shape, verify: Verify::Library, park: Some(PARK), reference: Some(&reference) };
+    let host = Host {
+        pools: &pools,
+        shape,
+        verify: Verify::Library,
+        park: Some(PARK),
+        reference: Some(&reference),
+        kv: Kv::Host,
+    };
     let mut shapes = Shapes::default();
     let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut shapes);
     assert!(diverged.iter().all(Option::is_none), "{diverged:?}");
@@ -606,18 +811,22 @@ fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
 /// host splitting nothing itself: llama_decode cuts the batch). With ubatches
 /// of 512 both tests fail: the second prompt's 63-node trees leave target-only
 /// at its 15th token (a logit gap of 0.067), and so do the four 32-node trees.
+/// The target's KV is kept by the engine's bookkeeping (llama_spec_dflash2_tree_kv_*),
+/// as the bench and the server keep it.
 fn largest_trees_are_lossless(messages: &[&str], n_nodes: i32, leaves: i32, n_gen: usize) -> f64 {
     let n_seq = messages.len();
     let target_path = smollm2();
-    let park = n_seq as i32 + n_seq as i32 * leaves;
-    let mut target = unified_target(&target_path, 1 + park as u32, 4096, 512, 63);
+    let n_ids = llama_spec_dflash2_tree_kv_seq_ids(n_seq as i32, leaves);
+    assert_eq!(n_ids, n_seq as i32 * (leaves + 1));
+    let mut target = unified_target(&target_path, n_ids as u32, 4096, 512, 63);
     let prompts: Vec<Vec<i32>> = messages.iter().map(|m| tokenize_chat(&target, m)).collect();
     let reference = greedy_reference(&target_path, &prompts, n_gen);
     let spec = Spec::new(&target, &trained_drafter(), default_params(n_seq as u32));
+    assert_eq!(tree_kv_init(&spec, leaves), 0, "tree_kv_init: {}", last_error());
     let mut streams = prefill(&mut target, &spec, &prompts);
-    let pools = pools(n_seq as i32, leaves);
     let shape = Shape { n_nodes, max_children: 0, max_leaves: leaves };
-    let host = Host { pools: &pools, shape, verify: Verify::Library, park: Some(park), reference: Some(&reference) };
+    let host =
+        Host { pools: &[], shape, verify: Verify::Library, park: None, reference: Some(&reference), kv: Kv::Engine };
     let mut shapes = Shapes::default();
     let diverged = generate_trees(&mut target, &spec, &mut streams, n_gen, host, &mut shapes);
     assert!(diverged.iter().all(Option::is_none), "{diverged:?}");
@@ -676,8 +885,14 @@ fn ngram_branches_follow_copied_text_losslessly() {
             Spec::new(&target, &drafter, llama_spec_dflash2_params { ngram_branches: branches, ..default_params(1) });
         let mut streams = prefill(&mut target, &spec, std::slice::from_ref(&prompt));
         let pools = [(0..LEAVES).collect::<Vec<i32>>()];
-        let host =
-            Host { pools: &pools, shape, verify: Verify::Library, park: Some(PARK), reference: Some(&reference) };
+        let host = Host {
+            pools: &pools,
+            shape,
+            verify: Verify::Library,
+            park: Some(PARK),
+            reference: Some(&reference),
+            kv: Kv::Host,
+        };
         let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut Shapes::default());
         assert_eq!(diverged[0], None, "{branches} branches");
         check_lossless(&spec, &streams, &reference, N, &format!("{branches} n-gram branches"));
@@ -711,7 +926,8 @@ fn a_one_child_tree_is_the_chain_draft() {
     let prompts: Vec<Vec<i32>> = SMOL_PROMPTS[..1].iter().map(|m| tokenize_chat(&target, m)).collect();
     let reference = greedy_reference(&target_path, &prompts, N);
     let pools = [(0..7).collect::<Vec<i32>>()];
-    let host = Host { pools: &pools, shape: DEFAULT, verify: Verify::Host, park: Some(PARK), reference: None };
+    let host =
+        Host { pools: &pools, shape: DEFAULT, verify: Verify::Host, park: Some(PARK), reference: None, kv: Kv::Host };
     let mut compared = 0;
     for (prompt, want) in prompts.iter().zip(&reference) {
         target.seq_rm(-1, -1, -1);

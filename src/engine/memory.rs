@@ -48,7 +48,7 @@ impl Engine {
         for s in self.seq_targets(seq)? {
             self.remove_range(s, TargetRange::new(p0, p1))?;
         }
-        Ok(())
+        self.tree_kv_seq_rm(seq, p0, p1)
     }
 
     /// Forgets a sequence (seq < 0: every sequence), outstanding draft included.

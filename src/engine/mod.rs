@@ -24,6 +24,7 @@ mod setup;
 mod state;
 mod state_blob;
 pub mod stats;
+mod tree_kv;
 mod tree_sampled;
 mod tree_step;
 mod tuning;
@@ -48,6 +49,7 @@ pub use setup::Limits;
 #[doc(hidden)]
 pub use setup::{Setup, create as create_drafter};
 use stats::Stats;
+pub use tree_kv::seq_ids as tree_kv_seq_ids;
 pub use tree_step::TreeRequest;
 
 /// A row of the batch the target just decoded.
@@ -138,6 +140,9 @@ pub struct Engine {
     /// Scores of candidate draft temperatures, for sampled requests that
     /// leave theirs unset (None: tuning off, they take their temperature).
     draft_temperatures: Option<crate::draft_temperature::DraftTemperatures>,
+    /// The target's KV bookkeeping of trees, once the host handed it over
+    /// (`tree_kv`).
+    tree_kv: Option<tree_kv::TreeKv>,
     /// Released after Drop turned the capture off (fields drop after drop()).
     _claim: claim::TargetClaim,
 }
@@ -182,6 +187,7 @@ impl Engine {
             fingerprint: s.ckpt.fingerprint(),
             decode_marker_at_init,
             target_decoded: false,
+            tree_kv: None,
             _claim: claim,
             stats: Stats::default(),
             scratch: Vec::new(),

@@ -65,7 +65,11 @@ use crate::params::llama_spec_dflash2_params;
 /// 12: the llama.cpp the library was built against (llama_spec_dflash2_llama_built)
 /// and the check of the loaded one against it (llama_spec_dflash2_llama_check,
 /// also made by init: LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH).
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 12;
+/// 13: the target's KV bookkeeping of tree verification kept by the engine
+/// (llama_spec_dflash2_tree_kv_seq_ids, _init, _rows, _commit, _unpark,
+/// _parked): path and park sequence ids, the prefix tagged before the verify
+/// decode, the accepted path committed and the step's other cells parked after it.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 13;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

@@ -26,6 +26,8 @@ mod engine;
 mod sampling;
 
 mod tree;
+// the target's KV bookkeeping of trees, kept by the engine
+mod tree_kv;
 
 mod sequence;
 
@@ -38,6 +40,7 @@ pub use sampling::*;
 pub use sequence::*;
 pub use stats::*;
 pub use tree::*;
+pub use tree_kv::*;
 
 // The C-visible types and constants defined next to the code that uses them.
 pub use crate::error::llama_spec_dflash2_status;

@@ -91,6 +91,18 @@ impl TargetContext {
         }
     }
 
+    /// `llama_memory_seq_cp` on the context's memory.
+    pub fn memory_seq_cp(&self, src: i32, dst: i32, p0: i32, p1: i32) {
+        // SAFETY: live context; its memory lives as long.
+        unsafe { llama_memory_seq_cp(llama_get_memory(self.ctx.as_ptr()), src, dst, p0, p1) }
+    }
+
+    /// `llama_memory_seq_rm` on the context's memory: false where it refused.
+    pub fn memory_seq_rm(&self, seq: i32, p0: i32, p1: i32) -> bool {
+        // SAFETY: live context; its memory lives as long.
+        unsafe { llama_memory_seq_rm(llama_get_memory(self.ctx.as_ptr()), seq, p0, p1) }
+    }
+
     pub fn n_threads(&self) -> (i32, i32) {
         // SAFETY: live context.
         unsafe { (llama_n_threads(self.ctx.as_ptr()), llama_n_threads_batch(self.ctx.as_ptr())) }

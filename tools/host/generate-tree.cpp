@@ -3,6 +3,8 @@
 // batch verifying every tree with the multi-sequence encoding of dflash2.h (one
 // path sequence id per leaf in a unified KV cache, a node tagged with the ids of
 // the leaves below it), a path accepted, and the target's KV cut to that path.
+// The target's KV bookkeeping is the engine's (llama_spec_dflash2_tree_kv_*):
+// this host adds the rows it hands out and commits the accepted paths.
 // Greedy (--temp 0): the longest path the target agrees with, by
 // llama_spec_dflash2_verify_tree_greedy. Sampled (--temp T > 0): sampled trees
 // (the request carries T, --draft-temp and the stream's seed), verified
@@ -13,10 +15,10 @@
 // Exactness: a tree's rejected cells lie between its kept ones; freed, the next
 // rows would reuse them out of position order, and ggml's CPU attention, which
 // accumulates in cell order, could then round differently from target-only
-// decoding and flip a near-tie argmax. So before each commit every cell of the
-// verify batch is also tagged with the stream's park id, which no query uses:
-// no cell is freed until the wave ends, at the price of 1 + n_nodes cells per
-// step instead of 1 + accepted (see host_tree_seq_ids for the ids).
+// decoding and flip a near-tie argmax. So the engine's commit parks every cell
+// of the verify batch under the stream's park id, which no query uses: no cell
+// is freed until the wave ends, at the price of 1 + n_nodes cells per step
+// instead of 1 + accepted (see llama_spec_dflash2_tree_kv_seq_ids for the ids).
 // The parked cells still count where a ubatch has one row (a step whose trees
 // are empty, one stream left, or the last row of 64 at ubatch 63): ggml's CPU
 // attention then splits the cells across its threads once there are 512 or
@@ -44,7 +46,8 @@ int64_t cells_attended(int64_t cells_used) {
     return std::max(KV_PAD, (cells_used + KV_PAD - 1) / KV_PAD * KV_PAD);
 }
 
-// the sequence ids of stream k: path ids (pool[0] is k itself) and its park id
+// the sequence ids of stream k as the engine lays them out (llama_spec_dflash2_tree_kv_seq_ids):
+// path ids (pool[0] is k itself) and its park id; the one-pass pad row below takes one
 struct tree_ids {
     std::vector<llama_seq_id> pool;
     llama_seq_id              park;
@@ -82,35 +85,10 @@ struct prefill_drafter : host_drafter {
     void seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) override { engine.seq_rm(seq, p0, p1); }
 };
 
-// for every node, the path ids of the leaves below it, the first leaf's first
-// (a node's attention follows its first id: the prefix, the anchor, its ancestors)
-std::vector<std::vector<llama_seq_id>> node_ids(const std::vector<dflash2::tree_node> & nodes, const tree_ids & ids,
-        int32_t & n_leaves) {
-    std::vector<bool> has_child(nodes.size(), false);
-    for (const auto & n : nodes) {
-        if (n.parent >= 0) {
-            has_child[n.parent] = true;
-        }
-    }
-    std::vector<std::vector<llama_seq_id>> out(nodes.size());
-    n_leaves = 0;
-    for (size_t leaf = 0; leaf < nodes.size(); ++leaf) {
-        if (has_child[leaf]) {
-            continue;
-        }
-        const llama_seq_id id = ids.pool.at(n_leaves++);
-        for (int32_t i = (int32_t) leaf; i >= 0; i = nodes[i].parent) {
-            out[i].push_back(id);
-        }
-    }
-    return out;
-}
-
 struct tree_step {
-    std::vector<dflash2::tree_node>        nodes;
-    std::vector<std::vector<llama_seq_id>> ids; // per node
-    int32_t                                n_leaves = 0;
-    std::vector<int32_t>                   rows;  // batch indices: anchor, then node i
+    std::vector<dflash2::tree_node> nodes;
+    int32_t                         n_leaves = 0;
+    std::vector<int32_t>            rows; // batch indices: anchor, then node i
 };
 
 // lossless verification of a sampled tree: from the anchor down, the children
@@ -147,6 +125,9 @@ struct tree_wave : host_wave_runner {
     std::vector<std::vector<dflash2::tree_node>> trees;
     std::vector<tree_step>                       steps;
     std::vector<dflash2::row>                    rows;
+    std::vector<llama_spec_dflash2_tree_row>     verify_rows;
+    std::vector<llama_seq_id>                    verify_ids;
+    std::vector<llama_seq_id>                    row_ids;
     std::vector<llama_token>                     emitted;
     std::vector<int32_t>                         path;
 
@@ -249,22 +230,17 @@ struct tree_wave : host_wave_runner {
         steps.assign(active.size(), {});
         for (size_t k = 0; k < active.size(); ++k) {
             const host_stream & s = streams[active[k]];
-            const tree_ids ids = ids_of(s.seq, np, n_leaves);
             tree_step & st = steps[k];
             st.nodes = std::move(trees[k]);
-            st.ids   = node_ids(st.nodes, ids, st.n_leaves);
-            // every path id gets the prefix (a tag in a unified cache, not a copy)
-            std::vector<llama_seq_id> anchor_ids = { s.seq };
-            for (int32_t l = 1; l < st.n_leaves; ++l) {
-                llama_memory_seq_cp(mem, s.seq, ids.pool[l], -1, -1);
-                anchor_ids.push_back(ids.pool[l]);
-            }
-            st.rows.push_back(batch.add(s.id_last, s.n_past, anchor_ids, true));
-            for (size_t i = 0; i < st.nodes.size(); ++i) {
-                st.rows.push_back(batch.add(st.nodes[i].token, s.n_past + st.nodes[i].depth, st.ids[i], true));
+            // the rows and their path ids, tagged with the prefix by the engine
+            engine.tree_kv_rows(s.seq, s.id_last, s.n_past, (int32_t) st.nodes.size(), verify_rows, verify_ids);
+            st.n_leaves = (int32_t) verify_rows[0].n_seq_id; // the anchor's: the sequence and every path id
+            for (const auto & r : verify_rows) {
+                row_ids.assign(verify_ids.begin() + r.seq_id_first, verify_ids.begin() + r.seq_id_first + r.n_seq_id);
+                st.rows.push_back(batch.add(r.token, r.pos, row_ids, true));
             }
             for (size_t r = 0; r < st.rows.size(); ++r) {
-                rows.push_back({ st.rows[r], s.seq, r == 0 ? s.n_past : s.n_past + st.nodes[r - 1].depth, false });
+                rows.push_back({ st.rows[r], s.seq, verify_rows[r].pos, false });
             }
         }
         const auto one_pass = keep_one_pass(active, np);
@@ -272,9 +248,7 @@ struct tree_wave : host_wave_runner {
         if (!tgt.try_decode(batch)) {
             // the parked cells of earlier steps filled the cache: they only keep each sequence's
             // cells in position order (as target-only lays them out); free them and decode again
-            for (int32_t k = 0; k < np; ++k) {
-                llama_memory_seq_rm(mem, ids_of(k, np, n_leaves).park, -1, -1);
-            }
+            engine.tree_kv_unpark();
             stats.n_unparked += 1;
             cells = -1;
             tgt.decode(batch);
@@ -290,7 +264,6 @@ struct tree_wave : host_wave_runner {
 
         for (size_t k = 0; k < active.size(); ++k) {
             host_stream & s = streams[active[k]];
-            const tree_ids ids = ids_of(s.seq, np, n_leaves);
             const tree_step & st = steps[k];
             t = host_time_us();
             if (tgt.sampled()) {
@@ -323,24 +296,9 @@ struct tree_wave : host_wave_runner {
             }
             stats.shapes[shape.empty() ? "-" : shape] += 1;
 
-            // park every cell of this step, then keep the prefix, the anchor and the path in seq
-            for (int32_t l = 0; l < std::max(st.n_leaves, 1); ++l) {
-                llama_memory_seq_cp(mem, ids.pool[l], ids.park, s.n_past, -1);
-            }
-            const llama_pos start = s.n_past + 1;
-            const llama_pos end   = start + d;
-            const llama_seq_id keep = d > 0 ? st.ids[path.back()][0] : s.seq;
-            if (d > 0 && keep == s.seq) {
-                llama_memory_seq_rm(mem, s.seq, end, -1);
-            } else {
-                llama_memory_seq_rm(mem, s.seq, start, -1);
-                if (d > 0) {
-                    llama_memory_seq_cp(mem, keep, s.seq, start, end);
-                }
-            }
-            for (int32_t l = 1; l < st.n_leaves; ++l) {
-                llama_memory_seq_rm(mem, ids.pool[l], -1, -1);
-            }
+            // the step's cells parked, the prefix, the anchor and the path kept in seq
+            engine.tree_kv_commit(s.seq, path);
+            const llama_pos end = s.n_past + 1 + d;
             s.n_past  = end;
             s.id_last = emitted.back();
             host_emit(tgt, s, emitted);
@@ -352,11 +310,13 @@ struct tree_wave : host_wave_runner {
 } // namespace
 
 int32_t host_tree_seq_ids(int32_t np, int32_t n_leaves) {
-    return np * (n_leaves + 1);
+    return llama_spec_dflash2_tree_kv_seq_ids(np, n_leaves);
 }
 
 host_tree_host::host_tree_host(host_target & tgt, int32_t n_nodes, int32_t n_leaves, int32_t walk)
-    : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), n_nodes(n_nodes), n_leaves(n_leaves) {}
+    : engine(tgt.ctx, tgt.params.path_draft, host_engine_params(tgt, walk)), n_nodes(n_nodes), n_leaves(n_leaves) {
+    engine.tree_kv_init(n_leaves);
+}
 
 host_wave_factory host_tree_host::waves() {
     return [this](host_target & tgt, std::vector<host_stream> & streams, host_stats & stats) {
