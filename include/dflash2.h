@@ -70,7 +70,7 @@
 // also made by init: LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH).
 // 13: the target's KV bookkeeping of tree verification kept by the engine
 // (llama_spec_dflash2_tree_kv_seq_ids, _init, _rows, _commit, _unpark,
-// _parked): path and park sequence ids, the prefix tagged before the verify
+// _parked, _room, _owner): path and park sequence ids, the prefix tagged before the verify
 // decode, the accepted path committed and the step's other cells parked after it.
 #define LLAMA_SPEC_DFLASH2_API_VERSION 13
 
@@ -1226,9 +1226,11 @@ int32_t llama_spec_dflash2_tree_kv_seq_ids(int32_t n_seq, int32_t n_leaves);
 // context must be unified (kv_unified), pure attention (not recurrent or
 // hybrid) and hold llama_spec_dflash2_tree_kv_seq_ids(n_seq, n_leaves)
 // sequence ids; draft trees with max_leaves <= n_leaves. From then on the
-// engine's seq_rm mirror of a whole sequence (p0 = p1 = -1; seq_id -1: all)
-// also frees the sequence's parked cells on the target, and one that removes
-// a tree's anchor drops its path ids' cells.
+// engine's mirrors of the host's memory calls keep the parked cells with the
+// history: a seq_rm that cuts committed rows (not the trim of a rejected
+// draft's rows after an accept) frees the parked cells at those positions
+// (all of them for a whole sequence, p0 = p1 = -1), one that removes a tree's
+// anchor drops its path ids' cells, and seq_shift moves them.
 // Returns 0, or _INVALID_ARGUMENT (n_leaves < 1, a context that cannot hold
 // the ids or branch, named in the message) / _NULL_ARGUMENT; nothing changes then.
 int32_t llama_spec_dflash2_tree_kv_init(struct llama_spec_dflash2 *spec, int32_t n_leaves);
@@ -1284,6 +1286,26 @@ int32_t llama_spec_dflash2_tree_kv_unpark(struct llama_spec_dflash2 *spec);
 int32_t llama_spec_dflash2_tree_kv_parked(struct llama_spec_dflash2 *spec,
                                           int64_t *n_parked,
                                           bool *unparked);
+
+// Whether the target's cache has free cells for `n_trees` more trees of
+// `n_nodes` nodes this step beyond a tree's rows for every sequence (cells in
+// use: each sequence's span, shared prompt cells counted for each, and the
+// parked ones). When it does not, every parked cell is freed first (as
+// llama_spec_dflash2_tree_kv_unpark) and `*room` is false: draft chains
+// until the sequences' history is next cut.
+// Returns 0, or _INVALID_STATE (no bookkeeping) / _INVALID_ARGUMENT /
+// _NULL_ARGUMENT / _BACKEND.
+int32_t llama_spec_dflash2_tree_kv_room(struct llama_spec_dflash2 *spec,
+                                        int32_t n_trees,
+                                        int32_t n_nodes,
+                                        bool *room);
+
+// The engine's sequence that sequence id `seq_id` of the bookkeeping belongs
+// to: a sequence's own id, one of its path ids or its park id (other ids are
+// returned as they are), for a host that tells llama_spec_dflash2_process
+// each row of a verify batch once, under its owner.
+// Returns the owner (>= 0), or _INVALID_STATE (no bookkeeping) / _NULL_ARGUMENT.
+int32_t llama_spec_dflash2_tree_kv_owner(struct llama_spec_dflash2 *spec, llama_seq_id seq_id);
 
 // Mirrors llama_memory_seq_rm on the target: removes the rows at target
 // positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every

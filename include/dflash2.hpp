@@ -279,6 +279,29 @@ struct engine {
     // frees every parked cell (the cache ran short: retry the decode)
     void tree_kv_unpark() { check(llama_spec_dflash2_tree_kv_unpark(get()), "tree_kv_unpark"); }
 
+    // whether the cache has cells for n_trees more trees of n_nodes this step; when it
+    // does not, every parked cell was freed (llama_spec_dflash2_tree_kv_room)
+    bool tree_kv_room(int32_t n_trees, int32_t n_nodes) {
+        bool room = false;
+        check(llama_spec_dflash2_tree_kv_room(get(), n_trees, n_nodes, &room), "tree_kv_room");
+        return room;
+    }
+
+    // the engine's sequence a path or park id belongs to (llama_spec_dflash2_tree_kv_owner)
+    llama_seq_id tree_kv_owner(llama_seq_id seq_id) const {
+        const int32_t owner = llama_spec_dflash2_tree_kv_owner(get(), seq_id);
+        check(owner < 0 ? owner : 0, "tree_kv_owner");
+        return owner;
+    }
+
+    // cells parked, and whether parked cells were freed since the sequences were emptied
+    std::pair<int64_t, bool> tree_kv_parked() const {
+        int64_t n = 0;
+        bool unparked = false;
+        check(llama_spec_dflash2_tree_kv_parked(get(), &n, &unparked), "tree_kv_parked");
+        return { n, unparked };
+    }
+
     void accept(llama_seq_id seq_id, int32_t n_accepted) {
         check(llama_spec_dflash2_accept(get(), seq_id, n_accepted), "accept");
     }

@@ -47,7 +47,7 @@ struct spec_dflash2 : dflash2_server_spec {
         LOG_INF("%s: dflash2 %s serves the DFlash2 drafter '%s' (n_max %d, block %d)\n", __func__, dflash2::version(),
                 path_draft.c_str(), engine.n_max(), engine.block_size());
         const dflash2_server_options & opts = dflash2_server_opts();
-        tree.init(ctx_tgt, n_parallel, opts.tree_nodes, opts.tree_leaves);
+        tree.init(ctx_tgt, engine, n_parallel, opts.tree_nodes, opts.tree_leaves);
         const std::string budget = tree.on() ? string_format("trees of up to %d nodes per slot and step", tree.n_nodes)
                                              : std::string("chains");
         LOG_INF("dflash2: %s walk, %s (default: the adaptive walk with trees of up to %d nodes where the KV cache "
@@ -166,9 +166,6 @@ struct spec_dflash2 : dflash2_server_spec {
             } catch (const dflash2::error & e) {
                 LOG_ERR("%s\n", e.what());
             }
-        }
-        if (tree.on()) {
-            tree.expect_trim(seq_id);
         }
         dflash2_server_publish_stats(engine.get_stats(), engine.n_max());
     }
@@ -310,13 +307,22 @@ struct spec_dflash2 : dflash2_server_spec {
     std::string verify_mode(llama_seq_id seq_id) const override { return sampling.at(seq_id).mode; }
 
     void seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) override {
+        // whether committed rows go (a new request, a shift), not only a rejected draft's
+        bool cuts_history = p0 < 0 && p1 < 0;
+        if (tree.on() && seq_id >= 0 && !cuts_history) {
+            try {
+                cuts_history = p0 <= engine.get_seq_info(seq_id).last_target_pos;
+            } catch (const dflash2::error &) {
+                // the engine's seq_rm below says why
+            }
+        }
         engine.seq_rm(seq_id, p0, p1);
-        tree.on_seq_rm(seq_id, p0, p1);
+        tree.on_seq_rm(seq_id, p0, p1, cuts_history);
     }
 
     void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) override {
+        // the library moves the parked cells of trees with the slot's
         engine.seq_shift(seq_id, p0, p1, delta);
-        tree.on_seq_add(seq_id, p0, p1, delta);
     }
 
     void seq_cp(llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) override {

@@ -106,50 +106,43 @@ std::vector<uint8_t> dflash2_server_read_file(const std::string & path);
 int32_t dflash2_server_tree_plan(common_params & params);
 
 // Tree verification of the slots' drafts with the multi-sequence encoding of
-// dflash2.h (llama_spec_dflash2_draft_tree): slot k's path sequence ids are k,
-// then n_slots + k × (leaves - 1) + 0 .. leaves - 2; its park id n_slots × leaves + k.
-// After each verification every cell of the step is parked (tagged with the park
-// id, which no row attends to) so that no cell of it is freed while later cells
-// of any sequence exist: freed cells between kept ones would be reused out of
-// position order, and ggml's CPU attention, which accumulates in cell order,
-// could then round differently from target-only decoding. A slot's parked cells
-// go when the server cuts its history at or below them (a new prompt, a context
-// shift, a cleared slot); the server's own trim after a verification keeps them.
-// When the cache runs short of cells they all go (see has_room): the server must
-// not fail for them.
+// dflash2.h (llama_spec_dflash2_draft_tree). The target's KV bookkeeping is the
+// library's (llama_spec_dflash2_tree_kv_*: path and park sequence ids, the prefix
+// tagged before the verify decode, the accepted path committed and the step's
+// other cells parked after it, parked cells kept with the history through the
+// engine's seq_rm / seq_shift mirrors); this keeps the server's side: the budget,
+// each slot's tree from draft to accept, the chains a slot drafts after the cache
+// ran short, the counters.
 struct dflash2_server_tree {
-    // a slot's tree from draft to accept, and its parked cells
+    // a slot's tree from draft to accept
     struct slot_tree {
-        bool                                   active = false; // drafted, not yet accepted
-        std::vector<dflash2::tree_node>        nodes;
-        std::vector<std::vector<llama_seq_id>> ids;            // per node: the path ids of the leaves below it
-        int32_t                                n_leaves = 0;
-        bool                                   branched = false; // a node (or the anchor) has more than one child
-        llama_pos                              anchor   = -1;  // the anchor's position (n_past)
-        std::vector<int32_t>                   path;           // accepted nodes, set by verification
-        bool                                   verified = false;
-        std::vector<llama_pos>                 parked;         // positions of cells only the park id holds
-        bool                                   trim_next = false; // the server's trim after an accept is next
-        bool                                   chains_only = false; // the cache ran short: chains until the next cut
+        bool                            active = false; // drafted, not yet accepted
+        std::vector<dflash2::tree_node> nodes;
+        bool                            branched = false; // a node (or the anchor) has more than one child
+        llama_pos                       anchor   = -1;  // the anchor's position (n_past)
+        std::vector<int32_t>            path;           // accepted nodes, set by verification
+        bool                            verified = false;
+        bool                            chains_only = false; // the cache ran short: chains until the next cut
     };
 
-    llama_context * ctx_tgt  = nullptr;
-    int32_t         n_slots  = 0;
-    int32_t         n_nodes  = 0; // per slot and step; 0 = trees off
-    int32_t         n_leaves = 0;
+    llama_context *   ctx_tgt  = nullptr;
+    dflash2::engine * engine   = nullptr;
+    int32_t           n_slots  = 0;
+    int32_t           n_nodes  = 0; // per slot and step; 0 = trees off
+    int32_t           n_leaves = 0;
     std::vector<slot_tree> slots;
 
+    // the library's rows of a tree (add_rows)
+    std::vector<llama_spec_dflash2_tree_row> verify_rows;
+    std::vector<llama_seq_id>                verify_ids;
+    std::vector<llama_seq_id>                row_ids;
+
     // reduces n_nodes to what the context holds (one verify batch of every slot's
-    // tree), or turns trees off with one log line when the context cannot branch
-    void init(llama_context * ctx, int32_t n_slots, int32_t n_nodes, int32_t n_leaves);
+    // tree), or turns trees off with one log line when the context cannot branch;
+    // hands the target's KV bookkeeping to the engine
+    void init(llama_context * ctx, dflash2::engine & engine, int32_t n_slots, int32_t n_nodes, int32_t n_leaves);
 
     bool on() const { return n_nodes > 0; }
-
-    // the ids of slot k
-    std::vector<llama_seq_id> pool(int32_t k) const;
-    llama_seq_id              park(int32_t k) const;
-    // the slot an id of the encoding belongs to
-    llama_seq_id              owner(llama_seq_id id) const;
 
     // whether the KV cache has cells for one more slot's tree this step beyond
     // `n_trees` others; when it does not, every slot's parked cells are freed and
@@ -160,19 +153,17 @@ struct dflash2_server_tree {
     void set(llama_seq_id seq, std::vector<dflash2::tree_node> && nodes);
     bool active(llama_seq_id seq) const { return seq >= 0 && (size_t) seq < slots.size() && slots[seq].active; }
 
-    // the verify rows of seq's tree: tags the path ids with the slot's cells, then
-    // adds the anchor and every node
+    // the verify rows of seq's tree (the library tags the path ids with the slot's
+    // cells): adds the anchor and every node
     bool add_rows(llama_seq_id seq, llama_token id_last, llama_pos pos0, const dflash2_server_add_row & add);
 
-    // after accept_tree: keeps the prefix, the anchor and the path in seq, parks
-    // the step's cells, frees the path ids; counts the step in `counters`
+    // after accept_tree: the library keeps the prefix, the anchor and the path in
+    // seq and parks the step's cells; counts the step in `counters`
     void commit(llama_seq_id seq, dflash2_server_slot_counters & counters);
 
-    // the slot's memory operations (after the target's own)
-    void on_seq_rm (llama_seq_id seq, llama_pos p0, llama_pos p1);
-    void on_seq_add(llama_seq_id seq, llama_pos p0, llama_pos p1, llama_pos delta);
-    // the next seq_rm of seq is the server's trim after a verification
-    void expect_trim(llama_seq_id seq);
+    // the slot's seq_rm (after the engine's mirror); cuts_history: it removed
+    // committed rows (a new request, a shift), not a rejected draft's
+    void on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1, bool cuts_history);
 
     // the rows of a decoded batch for process(): every row once per slot, with the
     // slot's own id (the path ids of a tree row all belong to one slot)

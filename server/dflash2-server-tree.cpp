@@ -99,7 +99,7 @@ int32_t plan_trees(common_params & params, int32_t n_nodes) {
         LOG_INF("dflash2: %s: at most %d leaves per slot (%d slots x (leaves + 1) sequence ids within llama.cpp's %d "
                 "and the batch's %d outputs)\n", budget_name(n_nodes).c_str(), n_leaves, n_slots, MAX_SEQ, n_batch);
     }
-    return n_slots * (n_leaves + 1);
+    return llama_spec_dflash2_tree_kv_seq_ids(n_slots, n_leaves);
 }
 
 } // namespace
@@ -150,8 +150,10 @@ int32_t dflash2_server_tree_plan(common_params & params) {
     return plan_trees(params, n_nodes);
 }
 
-void dflash2_server_tree::init(llama_context * ctx, int32_t n_slots_, int32_t n_nodes_, int32_t n_leaves_) {
+void dflash2_server_tree::init(llama_context * ctx, dflash2::engine & engine_, int32_t n_slots_, int32_t n_nodes_,
+        int32_t n_leaves_) {
     ctx_tgt  = ctx;
+    engine   = &engine_;
     n_slots  = n_slots_;
     n_nodes  = 0;
     n_leaves = 0;
@@ -195,69 +197,36 @@ void dflash2_server_tree::init(llama_context * ctx, int32_t n_slots_, int32_t n_
         log_chains(n_nodes_, "no tree fits the batch or the cache");
         return;
     }
+    // the target's KV bookkeeping of trees is the library's
+    try {
+        engine->tree_kv_init(std::min(n_leaves_, nodes));
+    } catch (const dflash2::error & e) {
+        log_chains(n_nodes_, e.message.c_str());
+        return;
+    }
     n_nodes  = nodes;
     n_leaves = std::min(n_leaves_, nodes);
     LOG_INF("dflash2: tree verification: up to %d nodes and %d leaves per slot and step, %d slots, n_seq_max %u, "
             "unified KV cache\n", n_nodes, n_leaves, n_slots, llama_n_seq_max(ctx));
 }
 
-std::vector<llama_seq_id> dflash2_server_tree::pool(int32_t k) const {
-    std::vector<llama_seq_id> ids = { k };
-    for (int32_t l = 1; l < n_leaves; ++l) {
-        ids.push_back(n_slots + k * (n_leaves - 1) + (l - 1));
-    }
-    return ids;
-}
-
-llama_seq_id dflash2_server_tree::park(int32_t k) const {
-    return n_slots * n_leaves + k;
-}
-
-llama_seq_id dflash2_server_tree::owner(llama_seq_id id) const {
-    if (id < n_slots || n_leaves <= 0) {
-        return id;
-    }
-    if (n_leaves > 1 && id < n_slots + n_slots * (n_leaves - 1)) {
-        return (id - n_slots) / (n_leaves - 1);
-    }
-    return id - n_slots * n_leaves;
-}
-
 bool dflash2_server_tree::has_room(llama_seq_id seq, int32_t n_trees) {
     if (slots.at(seq).chains_only) {
         return false;
     }
-    // cells in use, as far as the public API tells: each slot's span (shared
-    // prompt cells counted for every slot holding them) and the parked ones
-    llama_memory_t mem = llama_get_memory(ctx_tgt);
-    int64_t used     = 0;
-    size_t  n_parked = 0;
-    for (int32_t k = 0; k < n_slots; ++k) {
-        const llama_pos p0 = llama_memory_seq_pos_min(mem, k);
-        const llama_pos p1 = llama_memory_seq_pos_max(mem, k);
-        if (p0 >= 0 && p1 >= p0) {
-            used += p1 - p0 + 1;
-        }
-        n_parked += slots[k].parked.size();
-    }
-    used += (int64_t) n_parked;
-    // this step's trees, and a tree's rows for every slot besides
-    const int64_t need  = (int64_t) (n_trees + 1 + n_slots) * (1 + n_nodes);
-    const int64_t n_ctx = llama_n_ctx(ctx_tgt);
-    if (used + need <= n_ctx) {
+    const int64_t n_parked = engine->tree_kv_parked().first;
+    if (engine->tree_kv_room(n_trees, n_nodes)) {
         return true;
     }
-    // short: the parked cells go (the server must not run out of cells for them),
-    // and the slots draft chains until their history is next cut (a new request)
-    for (int32_t k = 0; k < n_slots; ++k) {
-        llama_memory_seq_rm(mem, park(k), -1, -1);
-        slots[k].parked.clear();
-        slots[k].chains_only = true;
+    // short: the library freed the parked cells (the server must not run out of cells
+    // for them), and the slots draft chains until their history is next cut (a new request)
+    for (auto & st : slots) {
+        st.chains_only = true;
     }
-    LOG_WRN("dflash2: the KV cache is short of cells for trees (about %lld of %lld in use, %zu of them parked): the "
-            "parked cells are freed and the slots draft chains until their next request; freed cells are reused out of "
-            "position order, so outputs may differ from target-only decoding in the last bits\n", (long long) used,
-            (long long) n_ctx, n_parked);
+    LOG_WRN("dflash2: the KV cache is short of cells for trees (%lld of %u cells parked): the parked cells are freed "
+            "and the slots draft chains until their next request; freed cells are reused out of position order, so "
+            "outputs may differ from target-only decoding in the last bits\n", (long long) n_parked,
+            llama_n_ctx(ctx_tgt));
     return false;
 }
 
@@ -267,11 +236,6 @@ void dflash2_server_tree::set(llama_seq_id seq, std::vector<dflash2::tree_node> 
     st.active   = !st.nodes.empty();
     st.verified = false;
     st.path.clear();
-    st.ids.assign(st.nodes.size(), {});
-    st.n_leaves = 0;
-    // leaf l (a node without children, in tree order) owns pool[l]; every node
-    // carries the ids of the leaves below it, the first leaf's first (a row's
-    // attention follows its first id: the prefix, the anchor, its ancestors)
     std::vector<bool> has_child(st.nodes.size(), false);
     int32_t n_roots = 0; // the anchor's children
     st.branched = false;
@@ -283,76 +247,37 @@ void dflash2_server_tree::set(llama_seq_id seq, std::vector<dflash2::tree_node> 
             has_child[n.parent] = true;
         }
     }
-    const std::vector<llama_seq_id> ids = pool(seq);
-    for (size_t leaf = 0; leaf < st.nodes.size(); ++leaf) {
-        if (has_child[leaf]) {
-            continue;
-        }
-        // the library grows at most max_leaves leaves
-        const llama_seq_id id = ids.at(st.n_leaves++);
-        for (int32_t i = (int32_t) leaf; i >= 0; i = st.nodes[i].parent) {
-            st.ids[i].push_back(id);
-        }
-    }
 }
 
 bool dflash2_server_tree::add_rows(llama_seq_id seq, llama_token id_last, llama_pos pos0,
         const dflash2_server_add_row & add) {
     slot_tree & st = slots.at(seq);
     st.anchor = pos0;
-    // every path id gets the slot's cells (a tag in a unified cache, not a copy)
-    llama_memory_t mem = llama_get_memory(ctx_tgt);
-    const std::vector<llama_seq_id> ids = pool(seq);
-    std::vector<llama_seq_id> anchor_ids = { seq };
-    for (int32_t l = 1; l < st.n_leaves; ++l) {
-        llama_memory_seq_cp(mem, seq, ids[l], -1, -1);
-        anchor_ids.push_back(ids[l]);
+    // the library tags the path ids with the slot's cells and gives the rows
+    try {
+        engine->tree_kv_rows(seq, id_last, pos0, (int32_t) st.nodes.size(), verify_rows, verify_ids);
+    } catch (const dflash2::error & e) {
+        LOG_ERR("%s\n", e.what());
+        return false;
     }
-    bool ok = add(id_last, pos0, anchor_ids);
-    for (size_t i = 0; i < st.nodes.size() && ok; ++i) {
-        ok = add(st.nodes[i].token, pos0 + st.nodes[i].depth, st.ids[i]);
+    bool ok = true;
+    for (size_t r = 0; r < verify_rows.size() && ok; ++r) {
+        const auto & row = verify_rows[r];
+        row_ids.assign(verify_ids.begin() + row.seq_id_first, verify_ids.begin() + row.seq_id_first + row.n_seq_id);
+        ok = add(row.token, row.pos, row_ids);
     }
     return ok;
 }
 
 void dflash2_server_tree::commit(llama_seq_id seq, dflash2_server_slot_counters & counters) {
     slot_tree & st = slots.at(seq);
-    llama_memory_t mem = llama_get_memory(ctx_tgt);
-    const std::vector<llama_seq_id> ids = pool(seq);
-    const llama_seq_id parked = park(seq);
-    const int32_t d = (int32_t) st.path.size();
-    const llama_pos n_past = st.anchor;
-
-    // park every cell of this step, then keep the prefix, the anchor and the path in seq
-    for (int32_t l = 0; l < std::max(st.n_leaves, 1); ++l) {
-        llama_memory_seq_cp(mem, ids[l], parked, n_past, -1);
-    }
-    const llama_pos start = n_past + 1;
-    const llama_pos end   = start + d;
-    const llama_seq_id keep = d > 0 ? st.ids[st.path.back()][0] : seq;
-    if (d > 0 && keep == seq) {
-        llama_memory_seq_rm(mem, seq, end, -1);
-    } else {
-        llama_memory_seq_rm(mem, seq, start, -1);
-        if (d > 0) {
-            llama_memory_seq_cp(mem, keep, seq, start, end);
-        }
-    }
-    for (int32_t l = 1; l < st.n_leaves; ++l) {
-        llama_memory_seq_rm(mem, ids[l], -1, -1);
-    }
-
-    // the cells only the park id holds now: every node off the path
-    std::vector<bool> on_path(st.nodes.size(), false);
-    for (int32_t i : st.path) {
-        on_path[i] = true;
+    // the library parks the step's cells and keeps the prefix, the anchor and the path in seq
+    try {
+        engine->tree_kv_commit(seq, st.path);
+    } catch (const dflash2::error & e) {
+        LOG_ERR("%s\n", e.what());
     }
     bool side = false;
-    for (size_t i = 0; i < st.nodes.size(); ++i) {
-        if (!on_path[i]) {
-            st.parked.push_back(n_past + st.nodes[i].depth);
-        }
-    }
     // a path node that is not its parent's first child: a token the chain (the
     // first children) would not have drafted
     for (int32_t i : st.path) {
@@ -371,62 +296,28 @@ void dflash2_server_tree::commit(llama_seq_id seq, dflash2_server_slot_counters 
     st.active = false;
     st.verified = false;
     st.nodes.clear();
-    st.ids.clear();
     st.path.clear();
 }
 
-void dflash2_server_tree::expect_trim(llama_seq_id seq) {
-    if (seq >= 0 && (size_t) seq < slots.size()) {
-        slots[seq].trim_next = true;
-    }
-}
-
-void dflash2_server_tree::on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1) {
+void dflash2_server_tree::on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1, bool cuts_history) {
     if (!on()) {
         return;
     }
-    llama_memory_t mem = llama_get_memory(ctx_tgt);
+    // the target's path and park ids are the library's (its seq_rm mirror); the
+    // slots' own state goes here
     for (int32_t k = 0; k < n_slots; ++k) {
         if (seq >= 0 && k != seq) {
             continue;
         }
         slot_tree & st = slots[k];
-        if (st.trim_next && p1 < 0 && seq == k) {
-            // the server's trim after a verification: the parked cells stay
-            st.trim_next = false;
-            continue;
-        }
         // a tree whose rows are cut goes with them (the engine drops it too)
         if (st.active && (p0 < 0 || p0 <= st.anchor)) {
-            const std::vector<llama_seq_id> ids = pool(k);
-            for (int32_t l = 1; l < st.n_leaves; ++l) {
-                llama_memory_seq_rm(mem, ids[l], -1, -1);
-            }
             st.active = false;
             st.nodes.clear();
-            st.ids.clear();
             st.path.clear();
         }
-        // the history is cut: so are the parked cells at those positions
-        llama_memory_seq_rm(mem, park(k), p0, p1);
-        const llama_pos lo = p0 < 0 ? 0 : p0;
-        const llama_pos hi = p1 < 0 ? std::numeric_limits<llama_pos>::max() : p1;
-        st.parked.erase(std::remove_if(st.parked.begin(), st.parked.end(),
-                [&](llama_pos p) { return p >= lo && p < hi; }), st.parked.end());
-        st.chains_only = false; // a new request may draft trees again
-    }
-}
-
-void dflash2_server_tree::on_seq_add(llama_seq_id seq, llama_pos p0, llama_pos p1, llama_pos delta) {
-    if (!on() || seq < 0 || seq >= n_slots) {
-        return;
-    }
-    llama_memory_seq_add(llama_get_memory(ctx_tgt), park(seq), p0, p1, delta);
-    const llama_pos lo = p0 < 0 ? 0 : p0;
-    const llama_pos hi = p1 < 0 ? std::numeric_limits<llama_pos>::max() : p1;
-    for (llama_pos & p : slots[seq].parked) {
-        if (p >= lo && p < hi) {
-            p += delta;
+        if (cuts_history) {
+            st.chains_only = false; // a new request may draft trees again
         }
     }
 }
@@ -441,7 +332,7 @@ void dflash2_server_tree::rows_from_batch(const common_batch & batch, std::vecto
         const bool   embd = t.id == LLAMA_TOKEN_NULL;
         seen.clear();
         auto push = [&](llama_seq_id id) {
-            const llama_seq_id k = owner(id);
+            const llama_seq_id k = engine->tree_kv_owner(id);
             if (std::find(seen.begin(), seen.end(), k) == seen.end()) {
                 seen.push_back(k);
                 rows.push_back({ i, k, t.pos[0], embd });

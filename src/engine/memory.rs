@@ -45,10 +45,15 @@ impl Engine {
         if p1 >= 0 && p0 > p1 {
             return Err(Error::invalid(format!("seq_rm range [{p0}, {p1}) is reversed")));
         }
+        // whether each sequence loses committed rows (not only a rejected draft's)
+        let cuts_history: Vec<bool> = self
+            .seq_targets(seq)?
+            .map(|s| self.seqs[s].last_target_pos().is_some_and(|last| p0 <= last) || (p0 < 0 && p1 < 0))
+            .collect();
         for s in self.seq_targets(seq)? {
             self.remove_range(s, TargetRange::new(p0, p1))?;
         }
-        self.tree_kv_seq_rm(seq, p0, p1)
+        self.tree_kv_seq_rm(seq, p0, p1, &cuts_history)
     }
 
     /// Forgets a sequence (seq < 0: every sequence), outstanding draft included.
@@ -87,6 +92,7 @@ impl Engine {
             }
             self.seqs[s].shift_target(range, delta);
         }
+        self.tree_kv_seq_add(seq, p0, p1, delta);
         Ok(())
     }
 

@@ -27,8 +27,8 @@ struct SlotKv {
     /// the anchor's position and the tree while its rows are out (tagged,
     /// not committed)
     in_flight: Option<(i32, Tree)>,
-    /// cells only the park id holds
-    parked: usize,
+    /// positions of the cells only the park id holds
+    parked: Vec<i32>,
 }
 
 #[derive(Clone, Debug)]
@@ -168,7 +168,9 @@ impl Engine {
         let mut ops: Vec<KvOp> =
             pool[..n_leaves].iter().map(|&id| KvOp::SeqCp { src: id, dst: park, p0: n_past, p1: -1 }).collect();
         ops.extend(tree.kv_commit(path, n_past, seq, &pool)?);
-        kv.slots[s].parked += tree.len() - path.len();
+        let parked: Vec<i32> =
+            (0..tree.len()).filter(|i| !path.contains(i)).map(|i| n_past + tree.nodes()[i].depth as i32).collect();
+        kv.slots[s].parked.extend(parked);
         kv.slots[s].in_flight = None;
         apply(&self.target, &ops)
     }
@@ -179,7 +181,7 @@ impl Engine {
         let kv = self.tree_kv_mut()?;
         let ops: Vec<KvOp> = (0..kv.slots.len()).map(|k| KvOp::SeqRm { seq: kv.park(k), p0: -1, p1: -1 }).collect();
         for slot in &mut kv.slots {
-            slot.parked = 0;
+            slot.parked.clear();
         }
         kv.unparked = true;
         apply(&self.target, &ops)
@@ -188,30 +190,84 @@ impl Engine {
     /// Cells the engine's sequences hold parked, and whether parked cells
     /// were freed since the sequences were last emptied.
     pub fn tree_kv_parked(&self) -> Option<(usize, bool)> {
-        self.tree_kv.as_ref().map(|kv| (kv.slots.iter().map(|s| s.parked).sum(), kv.unparked))
+        self.tree_kv.as_ref().map(|kv| (kv.slots.iter().map(|s| s.parked.len()).sum(), kv.unparked))
+    }
+
+    /// Whether the target's cache has free cells for `n_trees` trees of
+    /// `n_nodes` nodes beyond a tree's rows for every sequence (cells in use:
+    /// each sequence's span and the parked ones). When it does not, every
+    /// parked cell is freed (`tree_kv_unpark`): a host must not fail for them.
+    pub fn tree_kv_room(&mut self, n_trees: usize, n_nodes: usize) -> Result<bool> {
+        let kv = self.tree_kv_mut()?;
+        let n_slots = kv.slots.len();
+        let spans: usize = (0..n_slots as i32)
+            .map(|k| {
+                let (p0, p1) = (self.target.memory_seq_pos_min(k), self.target.memory_seq_pos_max(k));
+                if p0 >= 0 && p1 >= p0 { (p1 - p0 + 1) as usize } else { 0 }
+            })
+            .sum();
+        let kv = self.tree_kv.as_ref().expect("checked above");
+        let used = spans + kv.slots.iter().map(|s| s.parked.len()).sum::<usize>();
+        let need = (n_trees + 1 + n_slots) * (1 + n_nodes);
+        if used + need <= self.target.tree_room().n_ctx as usize {
+            return Ok(true);
+        }
+        self.tree_kv_unpark()?;
+        Ok(false)
+    }
+
+    /// The engine's sequence that sequence id `id` of the bookkeeping
+    /// belongs to (its own id, a path id or its park id); other ids as they are.
+    pub fn tree_kv_owner(&self, id: i32) -> Result<i32> {
+        let kv = self.tree_kv.as_ref().ok_or_else(|| {
+            Error::invalid_state("the engine keeps no tree KV bookkeeping: call llama_spec_dflash2_tree_kv_init first")
+        })?;
+        let (n, l) = (kv.slots.len() as i32, kv.n_leaves as i32);
+        Ok(match id {
+            id if id < n => id,
+            id if l > 1 && id < n + n * (l - 1) => (id - n) / (l - 1),
+            id if id < n * l + n => id - n * l,
+            id => id,
+        })
     }
 
     /// The host removed target positions [p0, p1) of `seq` (< 0: every
     /// sequence): a tree in flight whose rows go with them is dropped (its
-    /// path ids emptied); a sequence emptied whole loses its parked cells too.
-    pub(super) fn tree_kv_seq_rm(&mut self, seq: i32, p0: i32, p1: i32) -> Result<()> {
+    /// path ids emptied); where committed history was cut (`cuts_history`,
+    /// per sequence), so are the parked cells at those positions (the host's
+    /// trim of rejected rows after an accept keeps them).
+    pub(super) fn tree_kv_seq_rm(&mut self, seq: i32, p0: i32, p1: i32, cuts_history: &[bool]) -> Result<()> {
         let Some(kv) = self.tree_kv.as_mut() else { return Ok(()) };
-        let whole = p0 < 0 && p1 < 0;
         let range = if seq < 0 { 0..kv.slots.len() } else { seq as usize..seq as usize + 1 };
+        let (lo, hi) = (p0.max(0), if p1 < 0 { i32::MAX } else { p1 });
         let mut ops = Vec::new();
-        for k in range {
-            if kv.slots[k].in_flight.as_ref().is_some_and(|(anchor, _)| p0 <= *anchor && (p1 < 0 || p1 > *anchor)) {
+        for (k, &cut) in range.zip(cuts_history) {
+            if kv.slots[k].in_flight.as_ref().is_some_and(|(anchor, _)| lo <= *anchor && hi > *anchor) {
                 ops.extend(kv.pool(k).into_iter().skip(1).map(|id| KvOp::SeqRm { seq: id, p0: -1, p1: -1 }));
                 kv.slots[k].in_flight = None;
             }
-            if whole {
-                ops.push(KvOp::SeqRm { seq: kv.park(k), p0: -1, p1: -1 });
-                kv.slots[k].parked = 0;
+            if cut {
+                ops.push(KvOp::SeqRm { seq: kv.park(k), p0, p1 });
+                kv.slots[k].parked.retain(|&p| p < lo || p >= hi);
             }
         }
-        if whole && seq < 0 {
+        if seq < 0 && p0 < 0 && p1 < 0 {
             kv.unparked = false;
         }
         apply(&self.target, &ops)
+    }
+
+    /// The host moved target positions [p0, p1) of `seq` by `delta`: so move
+    /// its parked cells.
+    pub(super) fn tree_kv_seq_add(&mut self, seq: i32, p0: i32, p1: i32, delta: i32) {
+        let Some(kv) = self.tree_kv.as_mut() else { return };
+        let range = if seq < 0 { 0..kv.slots.len() } else { seq as usize..seq as usize + 1 };
+        let (lo, hi) = (p0.max(0), if p1 < 0 { i32::MAX } else { p1 });
+        for k in range {
+            self.target.memory_seq_add(kv.park(k), p0, p1, delta);
+            for p in kv.slots[k].parked.iter_mut().filter(|p| **p >= lo && **p < hi) {
+                *p += delta;
+            }
+        }
     }
 }

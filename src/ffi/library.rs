@@ -67,7 +67,7 @@ use crate::params::llama_spec_dflash2_params;
 /// also made by init: LLAMA_SPEC_DFLASH2_ERR_LLAMA_MISMATCH).
 /// 13: the target's KV bookkeeping of tree verification kept by the engine
 /// (llama_spec_dflash2_tree_kv_seq_ids, _init, _rows, _commit, _unpark,
-/// _parked): path and park sequence ids, the prefix tagged before the verify
+/// _parked, _room, _owner): path and park sequence ids, the prefix tagged before the verify
 /// decode, the accepted path committed and the step's other cells parked after it.
 pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 13;
 

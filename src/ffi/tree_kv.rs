@@ -4,7 +4,7 @@
 //! so a host verifies trees without writing the protocol of
 //! llama_spec_dflash2_draft_tree itself.
 
-use super::boundary::{count, engine_status, output, slice, slice_mut, value};
+use super::boundary::{count, engine_status, engine_value, output, slice, slice_mut, value};
 use super::engine::llama_spec_dflash2;
 use crate::engine::tree_kv_seq_ids;
 use crate::error::Error;
@@ -41,9 +41,11 @@ pub extern "C" fn llama_spec_dflash2_tree_kv_seq_ids(n_seq: i32, n_leaves: i32) 
 /// context must be unified (kv_unified), pure attention (not recurrent or
 /// hybrid) and hold llama_spec_dflash2_tree_kv_seq_ids(n_seq, n_leaves)
 /// sequence ids; draft trees with max_leaves <= n_leaves. From then on the
-/// engine's seq_rm mirror of a whole sequence (p0 = p1 = -1; seq_id -1: all)
-/// also frees the sequence's parked cells on the target, and one that removes
-/// a tree's anchor drops its path ids' cells.
+/// engine's mirrors of the host's memory calls keep the parked cells with the
+/// history: a seq_rm that cuts committed rows (not the trim of a rejected
+/// draft's rows after an accept) frees the parked cells at those positions
+/// (all of them for a whole sequence, p0 = p1 = -1), one that removes a tree's
+/// anchor drops its path ids' cells, and seq_shift moves them.
 /// Returns 0, or _INVALID_ARGUMENT (n_leaves < 1, a context that cannot hold
 /// the ids or branch, named in the message) / _NULL_ARGUMENT; nothing changes then.
 #[unsafe(no_mangle)]
@@ -152,4 +154,36 @@ pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_parked(
         (*n_out, *u_out) = (n as i64, u);
         Ok(())
     })
+}
+
+/// Whether the target's cache has free cells for `n_trees` more trees of
+/// `n_nodes` nodes this step beyond a tree's rows for every sequence (cells in
+/// use: each sequence's span, shared prompt cells counted for each, and the
+/// parked ones). When it does not, every parked cell is freed first (as
+/// llama_spec_dflash2_tree_kv_unpark) and `*room` is false: draft chains
+/// until the sequences' history is next cut.
+/// Returns 0, or _INVALID_STATE (no bookkeeping) / _INVALID_ARGUMENT /
+/// _NULL_ARGUMENT / _BACKEND.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_room(
+    spec: *mut llama_spec_dflash2,
+    n_trees: i32,
+    n_nodes: i32,
+    room: *mut bool,
+) -> i32 {
+    engine_status(spec, |e| {
+        let (n_trees, n_nodes, room) = (count(n_trees, "n_trees")?, count(n_nodes, "n_nodes")?, output(room, "room")?);
+        *room = e.tree_kv_room(n_trees, n_nodes)?;
+        Ok(())
+    })
+}
+
+/// The engine's sequence that sequence id `seq_id` of the bookkeeping belongs
+/// to: a sequence's own id, one of its path ids or its park id (other ids are
+/// returned as they are), for a host that tells llama_spec_dflash2_process
+/// each row of a verify batch once, under its owner.
+/// Returns the owner (>= 0), or _INVALID_STATE (no bookkeeping) / _NULL_ARGUMENT.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_owner(spec: *mut llama_spec_dflash2, seq_id: llama_seq_id) -> i32 {
+    engine_value(spec, |e| e.tree_kv_owner(seq_id))
 }

@@ -103,6 +103,23 @@ impl TargetContext {
         unsafe { llama_memory_seq_rm(llama_get_memory(self.ctx.as_ptr()), seq, p0, p1) }
     }
 
+    /// `llama_memory_seq_add` on the context's memory.
+    pub fn memory_seq_add(&self, seq: i32, p0: i32, p1: i32, delta: i32) {
+        // SAFETY: live context; its memory lives as long.
+        unsafe { llama_memory_seq_add(llama_get_memory(self.ctx.as_ptr()), seq, p0, p1, delta) }
+    }
+
+    /// The lowest and highest position of `seq` in the context's memory (-1: none).
+    pub fn memory_seq_pos_min(&self, seq: i32) -> i32 {
+        // SAFETY: live context; its memory lives as long.
+        unsafe { llama_memory_seq_pos_min(llama_get_memory(self.ctx.as_ptr()), seq) }
+    }
+
+    pub fn memory_seq_pos_max(&self, seq: i32) -> i32 {
+        // SAFETY: live context; its memory lives as long.
+        unsafe { llama_memory_seq_pos_max(llama_get_memory(self.ctx.as_ptr()), seq) }
+    }
+
     pub fn n_threads(&self) -> (i32, i32) {
         // SAFETY: live context.
         unsafe { (llama_n_threads(self.ctx.as_ptr()), llama_n_threads_batch(self.ctx.as_ptr())) }
