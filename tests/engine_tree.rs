@@ -491,6 +491,12 @@ fn fixture_prompts(t: &Target) -> Vec<Vec<i32>> {
 
 const N_GEN: usize = 40;
 
+/// The library's greedy verification on the host's pools, each step's cells
+/// parked under `park`, against target-only's outputs.
+fn parked_exact<'a>(pools: &'a [Vec<i32>], shape: Shape, park: i32, reference: &'a [Vec<i32>]) -> Host<'a> {
+    Host { pools, shape, verify: Verify::Library, park: Some(park), reference: Some(reference), kv: Kv::Host }
+}
+
 fn plain<'a>(pools: &'a [Vec<i32>], shape: Shape, verify: Verify) -> Host<'a> {
     Host { pools, shape, verify, park: None, reference: None, kv: Kv::Host }
 }
@@ -787,14 +793,7 @@ fn smollm2_trained_drafter_trees_are_lossless_on_four_interleaved_sequences() {
     let mut streams = prefill(&mut target, &spec, &prompts);
     let pools = pools(4, LEAVES);
     let shape = Shape { n_nodes: 7, max_children: 0, max_leaves: LEAVES };
-    let host = Host {
-        pools: &pools,
-        shape,
-        verify: Verify::Library,
-        park: Some(PARK),
-        reference: Some(&reference),
-        kv: Kv::Host,
-    };
+    let host = parked_exact(&pools, shape, PARK, &reference);
     let mut shapes = Shapes::default();
     let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut shapes);
     assert!(diverged.iter().all(Option::is_none), "{diverged:?}");
@@ -885,14 +884,7 @@ fn ngram_branches_follow_copied_text_losslessly() {
             Spec::new(&target, &drafter, llama_spec_dflash2_params { ngram_branches: branches, ..default_params(1) });
         let mut streams = prefill(&mut target, &spec, std::slice::from_ref(&prompt));
         let pools = [(0..LEAVES).collect::<Vec<i32>>()];
-        let host = Host {
-            pools: &pools,
-            shape,
-            verify: Verify::Library,
-            park: Some(PARK),
-            reference: Some(&reference),
-            kv: Kv::Host,
-        };
+        let host = parked_exact(&pools, shape, PARK, &reference);
         let diverged = generate_trees(&mut target, &spec, &mut streams, N, host, &mut Shapes::default());
         assert_eq!(diverged[0], None, "{branches} branches");
         check_lossless(&spec, &streams, &reference, N, &format!("{branches} n-gram branches"));
