@@ -45,11 +45,15 @@ impl Engine {
         if p1 >= 0 && p0 > p1 {
             return Err(Error::invalid(format!("seq_rm range [{p0}, {p1}) is reversed")));
         }
-        // whether each sequence loses committed rows (not only a rejected draft's)
-        let cuts_history: Vec<bool> = self
-            .seq_targets(seq)?
-            .map(|s| self.seqs[s].last_target_pos().is_some_and(|last| p0 <= last) || (p0 < 0 && p1 < 0))
-            .collect();
+        // whether each sequence loses committed rows (not only a rejected
+        // draft's): what the trees' parked cells follow (none without trees)
+        let cuts_history: Vec<bool> = if self.tree_kv.is_none() {
+            Vec::new()
+        } else {
+            self.seq_targets(seq)?
+                .map(|s| self.seqs[s].last_target_pos().is_some_and(|last| p0 <= last) || (p0 < 0 && p1 < 0))
+                .collect()
+        };
         for s in self.seq_targets(seq)? {
             self.remove_range(s, TargetRange::new(p0, p1))?;
         }

@@ -51,6 +51,10 @@ impl TreeKv {
     }
 }
 
+fn no_bookkeeping() -> Error {
+    Error::invalid_state("the engine keeps no tree KV bookkeeping: call llama_spec_dflash2_tree_kv_init first")
+}
+
 fn apply(target: &TargetContext, ops: &[KvOp]) -> Result<()> {
     for op in ops {
         let ok = match *op {
@@ -98,9 +102,11 @@ impl Engine {
     }
 
     fn tree_kv_mut(&mut self) -> Result<&mut TreeKv> {
-        self.tree_kv.as_mut().ok_or_else(|| {
-            Error::invalid_state("the engine keeps no tree KV bookkeeping: call llama_spec_dflash2_tree_kv_init first")
-        })
+        self.tree_kv.as_mut().ok_or_else(no_bookkeeping)
+    }
+
+    fn tree_kv_ref(&self) -> Result<&TreeKv> {
+        self.tree_kv.as_ref().ok_or_else(no_bookkeeping)
     }
 
     /// The verify rows of `seq`'s outstanding tree, its anchor `id_last` at
@@ -116,7 +122,7 @@ impl Engine {
         room: (usize, usize),
     ) -> Result<Vec<VerifyRow>> {
         let s = self.seq_index(seq)?;
-        self.tree_kv_mut()?;
+        self.tree_kv_ref()?; // no bookkeeping is said before no tree
         let tree = self.seqs[s]
             .tree()
             .cloned()
@@ -189,8 +195,9 @@ impl Engine {
 
     /// Cells the engine's sequences hold parked, and whether parked cells
     /// were freed since the sequences were last emptied.
-    pub fn tree_kv_parked(&self) -> Option<(usize, bool)> {
-        self.tree_kv.as_ref().map(|kv| (kv.slots.iter().map(|s| s.parked.len()).sum(), kv.unparked))
+    pub fn tree_kv_parked(&self) -> Result<(usize, bool)> {
+        let kv = self.tree_kv_ref()?;
+        Ok((kv.slots.iter().map(|s| s.parked.len()).sum(), kv.unparked))
     }
 
     /// Whether the target's cache has free cells for `n_trees` trees of
@@ -198,7 +205,7 @@ impl Engine {
     /// each sequence's span and the parked ones). When it does not, every
     /// parked cell is freed (`tree_kv_unpark`): a host must not fail for them.
     pub fn tree_kv_room(&mut self, n_trees: usize, n_nodes: usize) -> Result<bool> {
-        let kv = self.tree_kv_mut()?;
+        let kv = self.tree_kv_ref()?;
         let n_slots = kv.slots.len();
         let spans: usize = (0..n_slots as i32)
             .map(|k| {
@@ -206,7 +213,6 @@ impl Engine {
                 if p0 >= 0 && p1 >= p0 { (p1 - p0 + 1) as usize } else { 0 }
             })
             .sum();
-        let kv = self.tree_kv.as_ref().expect("checked above");
         let used = spans + kv.slots.iter().map(|s| s.parked.len()).sum::<usize>();
         let need = (n_trees + 1 + n_slots) * (1 + n_nodes);
         if used + need <= self.target.tree_room().n_ctx as usize {
@@ -219,9 +225,7 @@ impl Engine {
     /// The engine's sequence that sequence id `id` of the bookkeeping
     /// belongs to (its own id, a path id or its park id); other ids as they are.
     pub fn tree_kv_owner(&self, id: i32) -> Result<i32> {
-        let kv = self.tree_kv.as_ref().ok_or_else(|| {
-            Error::invalid_state("the engine keeps no tree KV bookkeeping: call llama_spec_dflash2_tree_kv_init first")
-        })?;
+        let kv = self.tree_kv_ref()?;
         let (n, l) = (kv.slots.len() as i32, kv.n_leaves as i32);
         Ok(match id {
             id if id < n => id,

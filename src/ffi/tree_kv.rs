@@ -148,9 +148,7 @@ pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_parked(
 ) -> i32 {
     engine_status(spec, |e| {
         let (n_out, u_out) = (output(n_parked, "n_parked")?, output(unparked, "unparked")?);
-        let (n, u) = e.tree_kv_parked().ok_or_else(|| {
-            Error::invalid_state("the engine keeps no tree KV bookkeeping: call llama_spec_dflash2_tree_kv_init first")
-        })?;
+        let (n, u) = e.tree_kv_parked()?;
         (*n_out, *u_out) = (n as i64, u);
         Ok(())
     })
