@@ -26,7 +26,7 @@ pub(super) struct Block {
 impl Engine {
     /// Most tokens one request may draft now.
     fn request_cap(&self, r: &Request) -> usize {
-        (r.n_max as usize).min(self.limits.n_max)
+        (r.n_max as usize).min(self.drafter.limits.n_max)
     }
 
     /// Checks a draft call before anything changes.
@@ -37,7 +37,7 @@ impl Engine {
             if std::mem::replace(&mut seen[s], true) {
                 return Err(Error::invalid(format!("sequence {} appears twice in one draft call", r.seq)));
             }
-            if r.id_last < 0 || r.id_last as usize >= self.n_vocab {
+            if r.id_last < 0 || r.id_last as usize >= self.drafter.n_vocab {
                 return Err(Error::invalid(format!("id_last {} is not a token of the vocabulary", r.id_last)));
             }
             if r.n_max <= 0 {
@@ -85,7 +85,7 @@ impl Engine {
             return Ok(());
         }
         // the controller (adaptive walk): no draft, a probe of one sequence, or all
-        let plan = self.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
+        let plan = self.controller.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
         let caps: Vec<usize> = reqs.iter().enumerate().map(|(i, r)| plan.cap(i, self.request_cap(r))).collect();
         // a zero-length draft needs no accept(): it closes here
         for r in reqs {
@@ -116,7 +116,7 @@ impl Engine {
             self.stats.record_draft(n);
             self.record_tuning(r, modes[i]);
         }
-        if let Some(policy) = self.policy.as_mut() {
+        if let Some(policy) = self.controller.policy.as_mut() {
             policy.draft_done(Instant::now());
         }
         Ok(())
@@ -128,7 +128,7 @@ impl Engine {
     pub(super) fn noise_blocks(&self, reqs: &[Request], caps: &[usize], width: usize) -> Vec<Block> {
         let mut order: Vec<usize> = (0..reqs.len()).collect();
         order.sort_by_key(|&i| reqs[i].seq);
-        let n_ctx_seq = self.drafter.n_ctx_seq() as i32;
+        let n_ctx_seq = self.drafter.model.n_ctx_seq() as i32;
         let mut blocks = Vec::with_capacity(reqs.len());
         for i in order.into_iter().filter(|&i| caps[i] > 0) {
             let r = reqs[i];
@@ -156,11 +156,16 @@ impl Engine {
         let lattices = self.decode_noise(blocks, width)?;
 
         let t = Instant::now();
-        for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
-            let limits = WalkLimits { n_max: caps[block.request], n_min: self.limits.n_min, p_min: self.limits.p_min };
+        for (block, lattice) in lattices.iter(self.drafter.n_embd, self.drafter.top_k) {
+            let limits = WalkLimits {
+                n_max: caps[block.request],
+                n_min: self.drafter.limits.n_min,
+                p_min: self.drafter.limits.p_min,
+            };
             let rng = &mut self.seqs[block.seq as usize].rng;
-            let mut picks = sampled::walk(&lattice, limits, self.n_vocab, modes[block.request], block.seq, rng)?;
-            if let Some(policy) = self.policy.as_mut() {
+            let mut picks =
+                sampled::walk(&lattice, limits, self.drafter.n_vocab, modes[block.request], block.seq, rng)?;
+            if let Some(policy) = self.controller.policy.as_mut() {
                 picks.truncate(policy.keep(&picks.confidences()));
             }
             drafts[block.request] = picks;
@@ -175,7 +180,8 @@ impl Engine {
     /// freely). The blocks leave the draft KV before this returns, whatever
     /// happens.
     pub(super) fn decode_noise(&mut self, blocks: Vec<Block>, width: usize) -> Result<NoiseLattices> {
-        let mut out = NoiseLattices { blocks: blocks.clone(), rows: Vec::new(), per_block: width * self.n_embd_draft };
+        let mut out =
+            NoiseLattices { blocks: blocks.clone(), rows: Vec::new(), per_block: width * self.drafter.n_embd };
         if blocks.is_empty() {
             return Ok(out);
         }
@@ -184,12 +190,12 @@ impl Engine {
             .map(|b| NoiseBlock { stream: b.seq as usize, anchor: b.anchor, id_last: b.id_last })
             .collect();
         let t = Instant::now();
-        let rows = self.drafter.noise(&noise, width, self.mask_token);
+        let rows = self.drafter.model.noise(&noise, width, self.drafter.mask_token);
         self.stats.t_draft_us += us_since(t);
         if rows.is_ok() {
-            self.stats.record_noise(&self.drafter.head_traffic());
+            self.stats.record_noise(&self.drafter.model.head_traffic());
         }
-        if let Some(policy) = self.policy.as_mut() {
+        if let Some(policy) = self.controller.policy.as_mut() {
             policy.draft_decode_seen(blocks.len() * width, t.elapsed().as_secs_f64());
         }
         out.rows = rows?;

@@ -77,39 +77,39 @@ impl Engine {
         if rows.is_empty() {
             return Ok(());
         }
-        if let Some(policy) = self.policy.as_mut() {
+        if let Some(policy) = self.controller.policy.as_mut() {
             policy.verify_seen(Instant::now(), rows.len());
         }
-        if !self.target_decoded {
+        if !self.link.decoded {
             // libllama aborts on reading captured rows before any decode
-            if self.target.decode_marker() == self.decode_marker_at_init {
+            if self.target.decode_marker() == self.link.decode_marker_at_init {
                 return Err(Error::invalid_state(
                     "process() before the target decoded anything since the engine was created",
                 ));
             }
-            self.target_decoded = true;
+            self.link.decoded = true;
         }
 
         let t = Instant::now();
-        let n_embd = self.n_embd_tgt;
-        let mut layers = Vec::with_capacity(self.taps.len());
-        for &lid in &self.taps {
+        let n_embd = self.link.n_embd;
+        let mut layers = Vec::with_capacity(self.link.taps.len());
+        for &lid in &self.link.taps {
             let layer = self.target.layer_input(lid).ok_or_else(|| {
                 Error::backend(format!("the target has no captured input of layer {lid}; was this context decoded?"))
             })?;
             layers.push(layer);
         }
         for r in rows {
-            if r.embd && self.skip_image_rows {
+            if r.embd && self.link.skip_image_rows {
                 self.stats.n_skipped_rows += 1;
                 continue;
             }
-            self.scratch.clear();
+            self.link.scratch.clear();
             let at = r.i_batch as usize * n_embd;
             for layer in &layers {
-                self.scratch.extend_from_slice(&layer[at..at + n_embd]);
+                self.link.scratch.extend_from_slice(&layer[at..at + n_embd]);
             }
-            self.seqs[r.seq as usize].take_row(r.pos, &self.scratch, r.token);
+            self.seqs[r.seq as usize].take_row(r.pos, &self.link.scratch, r.token);
         }
         self.stats.t_process_us += us_since(t);
         // prompt chunks go in as they come; a few rows of a decode step wait for
@@ -120,7 +120,7 @@ impl Engine {
 
     /// Injects every queued row of every sequence into the draft KV.
     pub(super) fn flush(&mut self) -> Result<()> {
-        let n_ubatch = self.drafter.n_ubatch() as usize;
+        let n_ubatch = self.drafter.model.n_ubatch() as usize;
         loop {
             let mut rows = Vec::new();
             let mut plan = Vec::new();
@@ -140,7 +140,7 @@ impl Engine {
                 return Ok(());
             }
             let t = Instant::now();
-            self.drafter.inject(&rows)?;
+            self.drafter.model.inject(&rows)?;
             self.stats.t_inject_us += us_since(t);
             self.stats.n_inject_decodes += 1;
             for (s, n) in plan {
@@ -179,7 +179,7 @@ impl Engine {
                 q.held.len()
             )));
         }
-        if let Some(policy) = self.policy.as_mut() {
+        if let Some(policy) = self.controller.policy.as_mut() {
             policy.accepted(&o.confidences, n_accepted);
         }
         let dropped = q.resolve_held(n_rows);

@@ -21,20 +21,20 @@ impl Engine {
         for e in edits {
             match *e {
                 KvEdit::Remove { p0, p1 } => {
-                    if !self.drafter.seq_rm(seq as i32, p0, p1) {
+                    if !self.drafter.model.seq_rm(seq as i32, p0, p1) {
                         return Err(Error::backend(format!(
                             "the draft KV refused to remove [{p0}, {p1}) of sequence {seq}"
                         )));
                     }
                 }
-                KvEdit::Shift { p0, p1, delta } => self.drafter.seq_add(seq as i32, p0, p1, delta)?,
+                KvEdit::Shift { p0, p1, delta } => self.drafter.model.seq_add(seq as i32, p0, p1, delta)?,
             }
         }
         Ok(())
     }
 
     pub(super) fn remove_range(&mut self, s: usize, range: TargetRange) -> Result<()> {
-        let edits = self.seqs[s].remove(range, self.can_shift);
+        let edits = self.seqs[s].remove(range, self.drafter.can_shift);
         self.apply(s, &edits)
     }
 
@@ -112,7 +112,7 @@ impl Engine {
         }
         self.remove_range(d, TargetRange::all())?;
         if !self.seqs[s].map.in_kv().is_empty() {
-            self.drafter.seq_cp_all(src, dst)?;
+            self.drafter.model.seq_cp_all(src, dst)?;
         }
         let (map, queued, history) =
             (self.seqs[s].map.clone(), self.seqs[s].queued.clone(), self.seqs[s].history.clone());

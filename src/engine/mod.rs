@@ -4,11 +4,13 @@
 //! drafting sequences together, walks the selector lattice, and keeps the draft
 //! KV equal to the accepted prefix of every sequence.
 //!
-//! This file holds the engine and what it reports; each step lives in its own
-//! file: `feed` (target rows in: process, accept), `draft_step`, `verify`,
-//! `memory` (the host's memory operations), `state` (save and restore),
-//! `tree_step` (tree drafts over the same decode, accept_tree), `tree_sampled`
-//! (trees at temperature > 0 and their lossless verification).
+//! This file holds the engine and what it reports; `parts` the parts of its
+//! state (what it reads from the target, the drafter, the controller, the
+//! trees' growth); each step lives in its own file: `feed` (target rows in:
+//! process, accept), `draft_step`, `verify`, `memory` (the host's memory
+//! operations), `state` (save and restore), `tree_step` (tree drafts over the
+//! same decode, accept_tree), `tree_sampled` (trees at temperature > 0 and
+//! their lossless verification).
 
 mod claim;
 mod draft_step;
@@ -16,6 +18,7 @@ pub mod drafter;
 mod estimate;
 mod feed;
 mod memory;
+mod parts;
 pub mod placement;
 mod row_queue;
 mod sampled;
@@ -32,16 +35,15 @@ mod verify;
 
 use std::path::Path;
 
-use crate::adaptive::{AcceptanceModel, AdaptivePolicy};
-use crate::config::{Config, ImageRows, Walk};
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::log;
-use crate::ngram::NgramAcceptance;
 use crate::sys::{Device, MemoryUse, TargetContext};
 
 pub use crate::config::DraftGraph;
 pub use drafter::Drafter;
 pub use estimate::{MemoryEstimate, estimate_memory};
+use parts::{Controller, DraftSide, TargetLink, TreeGrowth};
 use sequence::Sequence;
 pub use setup::Limits;
 /// The drafter of an engine without the engine: for the parity checks of
@@ -101,45 +103,18 @@ pub struct SeqInfo {
     pub kv_pos_max: i32,
 }
 
+/// The engine: the host's target context and what the engine reads from it,
+/// the drafter, one state per sequence, the controller and the trees'
+/// growth, the statistics (`parts` says what each part holds).
 pub struct Engine {
-    drafter: Drafter,
+    /// Dropped first (fields drop in order), as it always was.
+    drafter: DraftSide,
     target: TargetContext,
-    taps: Vec<u32>,
-    n_embd_tgt: usize,
-    n_feat: usize,
-    n_embd_draft: usize,
-    top_k: usize,
-    n_vocab: usize,
-    mask_token: i32,
-    limits: Limits,
-    can_shift: bool,
-    skip_image_rows: bool,
+    link: TargetLink,
     seqs: Vec<Sequence>,
-    fingerprint: u64,
-    decode_marker_at_init: u64,
-    target_decoded: bool,
+    controller: Controller,
+    growth: TreeGrowth,
     stats: Stats,
-    scratch: Vec<f32>,
-    /// The adaptive walk's model; it keeps its own clocks.
-    policy: Option<AdaptivePolicy>,
-    /// Every child of a greedy tree's reached nodes, accepted or not: what
-    /// calibrates the growth key of the next trees (`crate::calibration`).
-    tree_acceptance: AcceptanceModel,
-    /// The same for sampled trees, per depth and sibling index, from the
-    /// children their verification tested (`calibration::sampled_model`).
-    sampled_tree_acceptance: AcceptanceModel,
-    /// Whether sampled trees grow by it (else by the raw expected q).
-    calibrate_sampled_trees: bool,
-    /// N-gram branches per tree draft (0: none) and what the target
-    /// accepted of them (`crate::ngram`).
-    ngram_branches: usize,
-    ngram_acceptance: NgramAcceptance,
-    /// How a sampled tree's parents choose their first child.
-    /// None: by each tree's size (`FirstChild::for_tree`).
-    first_child: Option<crate::tree::FirstChild>,
-    /// Scores of candidate draft temperatures, for sampled requests that
-    /// leave theirs unset (None: tuning off, they take their temperature).
-    draft_temperatures: Option<crate::draft_temperature::DraftTemperatures>,
     /// The target's KV bookkeeping of trees, once the host handed it over
     /// (`tree_kv`).
     tree_kv: Option<tree_kv::TreeKv>,
@@ -153,57 +128,33 @@ impl Engine {
         let claim = claim::TargetClaim::take(target.as_ptr() as usize)?;
         let s = setup::create(&target, path, config)?;
         let taps: Vec<u32> = s.ckpt.hparams.target_layers.iter().map(|&l| l as u32).collect();
-        let n_embd_tgt = target.n_embd();
-        let n_feat = taps.len() * n_embd_tgt;
-        for &lid in &taps {
-            target.set_layer_capture(lid, true);
-        }
-        let decode_marker_at_init = target.decode_marker();
-        let can_shift = s.drafter.can_shift();
+        let link = TargetLink::attach(&target, taps, config);
+        let drafter = DraftSide::new(s);
         log::info(&format!(
             "drafter '{}': block {} (n_max {}), top-k {}, taps {:?}, {} sequence(s), {} draft graph",
             path.display(),
-            s.limits.block_size,
-            s.limits.n_max,
-            s.ckpt.hparams.selector_top_k,
-            taps,
+            drafter.limits.block_size,
+            drafter.limits.n_max,
+            drafter.top_k,
+            link.taps,
             config.n_seq,
-            s.drafter.graph().name()
+            drafter.model.graph().name()
         ));
         Ok(Engine {
-            n_feat,
-            n_embd_draft: s.drafter.n_embd(),
-            top_k: s.ckpt.hparams.selector_top_k as usize,
-            n_vocab: s.ckpt.hparams.n_vocab as usize,
-            mask_token: s.ckpt.mask_token as i32,
-            limits: s.limits,
-            can_shift,
-            skip_image_rows: config.image_rows == ImageRows::Skip,
-            seqs: (0..config.n_seq).map(|_| Sequence::new(n_feat)).collect(),
-            drafter: s.drafter,
+            seqs: (0..config.n_seq).map(|_| Sequence::new(link.n_feat)).collect(),
+            controller: Controller::new(config, &drafter.limits),
+            growth: TreeGrowth::new(config, &drafter.limits),
+            stats: Stats::default(),
+            drafter,
             target,
-            taps,
-            n_embd_tgt,
-            fingerprint: s.ckpt.fingerprint(),
-            decode_marker_at_init,
-            target_decoded: false,
+            link,
             tree_kv: None,
             _claim: claim,
-            stats: Stats::default(),
-            scratch: Vec::new(),
-            policy: (config.walk == Walk::Adaptive).then(|| AdaptivePolicy::new(s.limits.n_max)),
-            tree_acceptance: AcceptanceModel::new(s.limits.n_max.max(1)),
-            sampled_tree_acceptance: crate::calibration::sampled_model(),
-            ngram_branches: config.ngram_branches,
-            ngram_acceptance: NgramAcceptance::default(),
-            first_child: config.first_child,
-            draft_temperatures: config.adapt_sampled_drafts.then(Default::default),
-            calibrate_sampled_trees: config.adapt_sampled_drafts,
         })
     }
 
     pub fn limits(&self) -> Limits {
-        self.limits
+        self.drafter.limits
     }
 
     pub fn stats(&self) -> Stats {
@@ -222,23 +173,24 @@ impl Engine {
     /// What the drafter holds on one device (None: on all of them).
     pub fn memory_use_on(&self, device: Option<&Device>) -> Result<MemoryUse> {
         self.drafter
+            .model
             .memory_use(device)
             .ok_or_else(|| Error::backend("libllama could not report the draft context's memory"))
     }
 
     /// The devices the drafter was placed on (empty: the CPU only).
     pub fn draft_devices(&self) -> Vec<Device> {
-        self.drafter.devices()
+        self.drafter.model.devices()
     }
 
     /// Bytes of the drafter's weights.
     pub fn weight_bytes(&self) -> u64 {
-        self.drafter.weight_bytes()
+        self.drafter.model.weight_bytes()
     }
 
     /// The graph that computes the drafter's forward.
     pub fn draft_graph(&self) -> DraftGraph {
-        self.drafter.graph()
+        self.drafter.model.graph()
     }
 
     /// Sequences the engine serves (ids 0 .. n_seq-1).
@@ -264,16 +216,14 @@ impl Engine {
             outstanding: q.outstanding.as_ref().map(|o| o.tokens.len()),
             next_draft_pos: q.map.next_draft_pos(),
             last_target_pos: q.last_target_pos(),
-            kv_pos_min: self.drafter.seq_pos_min(seq),
-            kv_pos_max: self.drafter.seq_pos_max(seq),
+            kv_pos_min: self.drafter.model.seq_pos_min(seq),
+            kv_pos_max: self.drafter.model.seq_pos_max(seq),
         })
     }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        for &lid in &self.taps {
-            self.target.set_layer_capture(lid, false);
-        }
+        self.link.detach(&self.target);
     }
 }

@@ -209,12 +209,12 @@ pub(super) fn walk(
 impl Engine {
     /// Most candidates a drafted token's q has (the drafter's selector top-k).
     pub fn top_k(&self) -> usize {
-        self.top_k
+        self.drafter.top_k
     }
 
     /// Tokens in the vocabulary (of the drafter, equal to the target's).
     pub fn n_vocab(&self) -> usize {
-        self.n_vocab
+        self.drafter.n_vocab
     }
 
     /// The draft awaiting its accept call on `seq` (`awaiting` names it in
@@ -255,7 +255,7 @@ impl Engine {
     /// probability 0). Returns the number of entries, n_drafted * top_k.
     pub fn draft_q(&self, seq: i32, ids: &mut [i32], probs: &mut [f32]) -> Result<usize> {
         let (_, o, sd) = self.sampled_draft(seq, "draft_q")?;
-        let k = self.top_k;
+        let k = self.drafter.top_k;
         let n = o.tokens.len() * k;
         if ids.len() < n || probs.len() < n {
             return Err(Error::buffer_too_small(format!(
@@ -306,12 +306,12 @@ impl Engine {
         let tuning = o.tuning;
         let (token, accepted) = if i < n {
             let pick = &sd.picks[i];
-            match sampling::verify_token(pick.token, pick.q(), p, self.n_vocab, &mut rng)? {
+            match sampling::verify_token(pick.token, pick.q(), p, self.drafter.n_vocab, &mut rng)? {
                 Step::Accepted => (pick.token, true),
                 Step::Rejected(x) => (x, false),
             }
         } else {
-            (sampling::sample(p, self.n_vocab, &mut rng)?, false)
+            (sampling::sample(p, self.drafter.n_vocab, &mut rng)?, false)
         };
         // a tuned draft's verified position scores the other draft temperatures
         if let Some(pick) = sd.picks.get(i).filter(|_| tuning.is_some()).cloned() {
@@ -350,8 +350,11 @@ impl Engine {
                 "verify_sampled on sequence {seq}, whose draft llama_spec_dflash2_verify_sampled_step is verifying"
             )));
         }
-        if n_vocab != self.n_vocab {
-            return Err(Error::invalid(format!("verify_sampled: n_vocab {n_vocab} (the model has {})", self.n_vocab)));
+        if n_vocab != self.drafter.n_vocab {
+            return Err(Error::invalid(format!(
+                "verify_sampled: n_vocab {n_vocab} (the model has {})",
+                self.drafter.n_vocab
+            )));
         }
         if n_rows != n_drafted + 1 {
             return Err(Error::invalid(format!(

@@ -22,7 +22,7 @@ impl Engine {
         self.check_saveable(s)?;
         self.flush()?;
         let q = &self.seqs[s];
-        Ok(state_blob::header_len(&q.map, &q.queued, &q.history) + self.drafter.state_seq_size(seq))
+        Ok(state_blob::header_len(&q.map, &q.queued, &q.history) + self.drafter.model.state_seq_size(seq))
     }
 
     /// Writes the state of `seq` into `dst`; returns the bytes written.
@@ -37,12 +37,12 @@ impl Engine {
         let q = &self.seqs[seq as usize];
         let h = state_blob::header_len(&q.map, &q.queued, &q.history);
         let kv_len = size - h;
-        let n = self.drafter.state_seq_get(seq, &mut dst[h..h + kv_len]);
+        let n = self.drafter.model.state_seq_get(seq, &mut dst[h..h + kv_len]);
         if n == 0 || n > kv_len {
             return Err(Error::backend(format!("libllama could not save the draft KV of sequence {seq}")));
         }
-        let header =
-            state_blob::encode_header(self.drafter.graph(), self.fingerprint, &q.map, &q.queued, &q.history, n);
+        let d = &self.drafter;
+        let header = state_blob::encode_header(d.model.graph(), d.fingerprint, &q.map, &q.queued, &q.history, n);
         dst[..h].copy_from_slice(&header);
         Ok(h + n)
     }
@@ -62,17 +62,17 @@ impl Engine {
             if other == seq || q.map.in_kv().is_empty() {
                 continue;
             }
-            let mut kv = vec![0u8; self.drafter.state_seq_size(other)];
-            let n = self.drafter.state_seq_get(other, &mut kv);
+            let mut kv = vec![0u8; self.drafter.model.state_seq_size(other)];
+            let n = self.drafter.model.state_seq_get(other, &mut kv);
             kv.truncate(n);
             others.push((i, kv));
         }
-        self.drafter.clear();
+        self.drafter.model.clear();
         let mut lost = Vec::new();
         for (i, kv) in others {
-            if kv.is_empty() || self.drafter.state_seq_set(i as i32, &kv) != kv.len() {
-                self.drafter.seq_rm(i as i32, -1, -1);
-                self.seqs[i] = Sequence::new(self.n_feat);
+            if kv.is_empty() || self.drafter.model.state_seq_set(i as i32, &kv) != kv.len() {
+                self.drafter.model.seq_rm(i as i32, -1, -1);
+                self.seqs[i] = Sequence::new(self.link.n_feat);
                 lost.push(i);
             }
         }
@@ -90,16 +90,19 @@ impl Engine {
     /// sequence is left empty.
     pub fn state_set(&mut self, seq: i32, src: &[u8]) -> Result<()> {
         let s = self.seq_index(seq)?;
-        let blob = state_blob::decode(src, self.drafter.graph(), self.fingerprint, self.n_feat, self.can_shift)?;
+        let d = &self.drafter;
+        let blob = state_blob::decode(src, d.model.graph(), d.fingerprint, self.link.n_feat, d.can_shift)?;
         let expected_max = blob.map.in_kv().last().map_or(-1, |e| e.draft);
-        if expected_max >= self.drafter.n_ctx_seq() as i32 {
+        if expected_max >= self.drafter.model.n_ctx_seq() as i32 {
             return Err(Error::invalid("state blob holds more positions than the draft KV of this engine"));
         }
         self.remove_range(s, TargetRange::all())?;
         if !blob.map.in_kv().is_empty() {
-            let n = self.drafter.state_seq_set(seq, blob.kv);
+            let n = self.drafter.model.state_seq_set(seq, blob.kv);
             let expected_min = blob.map.in_kv()[0].draft;
-            if n == 0 || self.drafter.seq_pos_max(seq) != expected_max || self.drafter.seq_pos_min(seq) != expected_min
+            if n == 0
+                || self.drafter.model.seq_pos_max(seq) != expected_max
+                || self.drafter.model.seq_pos_min(seq) != expected_min
             {
                 self.drop_loaded_cells(seq)?;
                 return Err(Error::invalid(format!(

@@ -68,7 +68,7 @@ impl Engine {
     /// growth key.
     fn observe_sampled_growth(&mut self, s: usize, path: &[usize]) {
         if let Some(st) = self.seqs[s].outstanding.as_ref().and_then(|o| o.sampled_tree.as_ref()) {
-            calibration::observe_sampled_tree(&mut self.sampled_tree_acceptance, &st.tree, path);
+            calibration::observe_sampled_tree(&mut self.growth.sampled_acceptance, &st.tree, path);
         }
     }
 
@@ -120,7 +120,7 @@ impl Engine {
             )));
         }
         let mut rng = self.verify_rng(s, seq)?;
-        let step = verify_sampled_node(&st.tree, at, p, self.n_vocab, &mut rng)?;
+        let step = verify_sampled_node(&st.tree, at, p, self.drafter.n_vocab, &mut rng)?;
         if let Some(tuning) = self.seqs[s].outstanding.as_ref().and_then(|o| o.tuning) {
             let node = VerifiedNode::of_tree(&st.tree, at);
             self.observe_node(Some(tuning), &node, p);
@@ -164,10 +164,10 @@ impl Engine {
                  verifying"
             )));
         }
-        if n_vocab != self.n_vocab {
+        if n_vocab != self.drafter.n_vocab {
             return Err(Error::invalid(format!(
                 "verify_tree_sampled: n_vocab {n_vocab} (the model has {})",
-                self.n_vocab
+                self.drafter.n_vocab
             )));
         }
         let tree = st.tree.tree();

@@ -78,7 +78,7 @@ impl Engine {
                 return Err(Error::invalid(format!("tree request of sequence {}: {name} {v} is negative", r.seq)));
             }
         }
-        let n_nodes = if r.n_nodes == 0 { self.limits.n_max } else { r.n_nodes as usize };
+        let n_nodes = if r.n_nodes == 0 { self.drafter.limits.n_max } else { r.n_nodes as usize };
         let n_rows = n_nodes + 1;
         let n_batch = self.target.n_batch() as usize;
         if n_rows > n_batch || n_rows > room.n_ctx as usize {
@@ -107,13 +107,13 @@ impl Engine {
         } else {
             r.max_leaves as usize
         };
-        let depth = if r.max_depth == 0 { self.limits.n_max } else { r.max_depth as usize };
+        let depth = if r.max_depth == 0 { self.drafter.limits.n_max } else { r.max_depth as usize };
         let limits = TreeLimits {
             n_nodes,
-            max_depth: depth.min(self.limits.n_max).min(n_nodes),
+            max_depth: depth.min(self.drafter.limits.n_max).min(n_nodes),
             max_children: r.max_children as usize,
             max_leaves,
-            p_min: self.limits.p_min,
+            p_min: self.drafter.limits.p_min,
         };
         Ok((limits, depth.min(LLAMA_SPEC_DFLASH2_MAX_DRAFT).min(n_nodes)))
     }
@@ -147,7 +147,7 @@ impl Engine {
             chain.iter().zip(&limits).map(|(r, l)| self.mode_of(r, Some(l.n_nodes))).collect::<Result<Vec<Mode>>>()?;
         // by the request's budget, as q's cut (before the controller's cap)
         let first_children: Vec<FirstChild> =
-            limits.iter().map(|l| self.first_child.unwrap_or_else(|| FirstChild::for_tree(l.n_nodes))).collect();
+            limits.iter().map(|l| self.growth.first_child.unwrap_or_else(|| FirstChild::for_tree(l.n_nodes))).collect();
         let needed: usize = limits.iter().map(|l| l.n_nodes).sum();
         if room < needed {
             return Err(Error::buffer_too_small(format!(
@@ -162,7 +162,7 @@ impl Engine {
         let mut sampled_trees: Vec<Option<SampledTree>> = vec![None; reqs.len()];
         // the controller (adaptive walk): no tree this step, a short one for a
         // probed sequence, or each tree cut to the nodes that pay for their verify rows
-        let plan = self.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
+        let plan = self.controller.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
         let mut limits = limits;
         let caps: Vec<usize> = limits.iter().enumerate().map(|(i, l)| plan.cap(i, l.max_depth)).collect();
         for ((l, &cap), branch_depth) in limits.iter_mut().zip(&caps).zip(&mut branch_depths) {
@@ -180,24 +180,24 @@ impl Engine {
             self.flush()?;
         }
         let blocks = if width > 0 { self.noise_blocks(&chain, &caps, width) } else { Vec::new() };
-        let n_vocab = self.n_vocab;
+        let n_vocab = self.drafter.n_vocab;
         let lattices = self.decode_noise(blocks, width)?;
         let t = Instant::now();
-        let calibration = EdgeCalibration::from_model(&self.tree_acceptance);
+        let calibration = EdgeCalibration::from_model(&self.growth.acceptance);
         // built only for a call that grows sampled trees by it
-        let sampled_calibration = if self.calibrate_sampled_trees && modes.iter().any(|m| *m != Mode::Greedy) {
-            EdgeCalibration::from_model(&self.sampled_tree_acceptance)
+        let sampled_calibration = if self.growth.calibrate_sampled && modes.iter().any(|m| *m != Mode::Greedy) {
+            EdgeCalibration::from_model(&self.growth.sampled_acceptance)
         } else {
             EdgeCalibration::raw()
         };
-        for (block, lattice) in lattices.iter(self.n_embd_draft, self.top_k) {
+        for (block, lattice) in lattices.iter(self.drafter.n_embd, self.drafter.top_k) {
             let (i, mut lim) = (block.request, limits[block.request]);
             let seq = reqs[i].seq;
             // n-gram branches: merged into a greedy tree, children taken without a
             // draw (point masses) in a sampled one
             let history = self.seqs[seq as usize].history.tokens();
-            let branches = ngram::propose(history, reqs[i].id_last, branch_depths[i], self.ngram_branches);
-            let ng = &self.ngram_acceptance;
+            let branches = ngram::propose(history, reqs[i].id_last, branch_depths[i], self.growth.ngram_branches);
+            let ng = &self.growth.ngram_acceptance;
             match modes[i] {
                 Mode::Greedy => {
                     let mut tree = grow_tree_by(&lattice, lim, n_vocab, |depth, prob| calibration.p(depth, prob));
@@ -210,7 +210,7 @@ impl Engine {
                             |m, d| ng.p(m, d),
                         );
                     }
-                    if let Some(policy) = self.policy.as_mut() {
+                    if let Some(policy) = self.controller.policy.as_mut() {
                         let branch_p =
                             |n: &crate::tree::Node| if n.ngram > 0 { ng.p(n.ngram as usize, n.depth) } else { 0.0 };
                         tree.truncate(policy.keep_tree(&tree, branch_p));
@@ -221,14 +221,14 @@ impl Engine {
                     // The controller sizes a sampled tree before any draw, from
                     // the lattice's greedy tree: a cut that saw the drawn
                     // children would bias the verification.
-                    if let Some(policy) = self.policy.as_mut() {
+                    if let Some(policy) = self.controller.policy.as_mut() {
                         lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0);
                     }
                     let branch_p = |m: usize, d: usize| ng.p(m, d);
                     let proposals = Proposals { branches: &branches, max_depth: branch_depths[i], p: &branch_p };
                     let rng = &mut sampled::seeded(&mut self.seqs[seq as usize].rng, seed, seq).draft;
                     let calibrated = |d: usize, k: usize, q: f64| sampled_calibration.p_sampled(d, k, q);
-                    let key: SampledKey = if self.calibrate_sampled_trees { &calibrated } else { &raw_key };
+                    let key: SampledKey = if self.growth.calibrate_sampled { &calibrated } else { &raw_key };
                     let st = sample_tree_by(
                         &lattice,
                         lim,
@@ -249,7 +249,7 @@ impl Engine {
         for (i, (r, tree)) in reqs.iter().zip(&mut trees).enumerate() {
             let mut depth = tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0);
             // a sampled tree is never dropped for its depth: that would bias it
-            if depth < self.limits.n_min && modes[i] == Mode::Greedy {
+            if depth < self.drafter.limits.n_min && modes[i] == Mode::Greedy {
                 *tree = Tree::default(); // as the chain drops a draft below n_min
                 depth = 0;
             }
@@ -280,7 +280,7 @@ impl Engine {
             });
             self.record_tuning(&chain[i], modes[i]);
         }
-        if let Some(policy) = self.policy.as_mut() {
+        if let Some(policy) = self.controller.policy.as_mut() {
             policy.draft_done(Instant::now());
         }
         Ok(trees)
@@ -317,17 +317,17 @@ impl Engine {
         let n_nodes = tree.len();
         let rows: Vec<usize> =
             if n_rows == 0 { Vec::new() } else { std::iter::once(0).chain(path.iter().map(|&i| i + 1)).collect() };
-        if let Some(policy) = self.policy.as_mut() {
+        if let Some(policy) = self.controller.policy.as_mut() {
             let (confidences, n_lattice) = tree.path_confidences(&path);
             policy.accepted_path(&confidences, n_lattice, path.len());
         }
         let n_verified = q.held.len().saturating_sub(1);
         if o.sampled_tree.is_none() {
             // a greedy tree: its reached children calibrate the next trees' growth
-            calibration::observe_tree(&mut self.tree_acceptance, tree, &path, n_verified);
+            calibration::observe_tree(&mut self.growth.acceptance, tree, &path, n_verified);
         }
         // n-gram branch nodes of either kind of tree: their measured acceptance prices the next ones
-        let (reached, accepted) = observe_branches(&mut self.ngram_acceptance, tree, &path, n_verified);
+        let (reached, accepted) = observe_branches(&mut self.growth.ngram_acceptance, tree, &path, n_verified);
         self.stats.n_ngram_reached += reached as u64;
         self.stats.n_ngram_accepted += accepted as u64;
         let dropped = self.seqs[s].resolve_held_rows(&rows);

@@ -52,7 +52,8 @@ impl Engine {
             }
             greedy => greedy,
         };
-        let (Mode::Sampled { seed, truncation, .. }, Some(temps)) = (mode, self.draft_temperatures.as_ref()) else {
+        let (Mode::Sampled { seed, truncation, .. }, Some(temps)) = (mode, self.controller.draft_temperatures.as_ref())
+        else {
             return Ok(mode);
         };
         if !sampled::leaves_draft_temperature(r) {
@@ -75,7 +76,7 @@ impl Engine {
     /// target's p at the node's row, and the children drawn from q.
     pub(super) fn observe_tuning(&mut self, tuning: Option<Tuning>, q: Option<Dist>, p: Dist, n_drawn: usize) {
         let (Some(tuning), Some(Dist::Sparse { ids, probs }), Some(temps)) =
-            (tuning, q, self.draft_temperatures.as_mut())
+            (tuning, q, self.controller.draft_temperatures.as_mut())
         else {
             return;
         };
