@@ -1,9 +1,12 @@
 //! The draft step: one noise-block decode for every drafting sequence, the
-//! selector walk over each block's lattice, the drafts handed out.
+//! selector walk over each block's lattice, the drafts handed out. Its start
+//! and end (`open_step`, `begin_step`, `end_step`) are the tree's too
+//! (`tree_step`), which grows trees where the chain walks.
 
 use std::time::Instant;
 
 use super::sampled::{self, Mode, Walked};
+use super::sequence::Outstanding;
 use super::stats::us_since;
 use super::{Engine, Request};
 use crate::adaptive::Plan;
@@ -11,6 +14,17 @@ use crate::draft::NoiseBlock;
 use crate::error::{Error, Result};
 use crate::log;
 use crate::selector::{Lattice, WalkLimits};
+
+/// What the shared start of a draft step settled (`begin_step`).
+pub(super) struct StepStart {
+    /// Each request's most tokens (a chain) or deepest node (a tree), as the
+    /// controller's plan capped them.
+    pub caps: Vec<usize>,
+    /// Rows of each noise block (0: nothing drafts this step).
+    pub width: usize,
+    /// The noise blocks to decode: of the requests with a cap and room.
+    pub blocks: Vec<Block>,
+}
 
 /// A request's noise block in the draft batch.
 #[derive(Clone, Copy)]
@@ -72,21 +86,30 @@ impl Engine {
         Ok(())
     }
 
-    /// Drafts for several sequences with one noise-block decode. `tokens`
-    /// receives the drafts concatenated in request order, `n_drafted[i]` the
-    /// length of request i's draft.
-    pub fn draft(&mut self, reqs: &[Request], tokens: &mut [i32], n_drafted: &mut [i32]) -> Result<()> {
-        self.check_requests(reqs, tokens.len(), n_drafted.len())?;
-        self.stats.n_draft_calls += 1;
+    /// The start of every draft call, chain or tree: checks the requests as
+    /// `check_requests` does and sets each sequence's anchor (the token its
+    /// verify rows begin with).
+    pub(super) fn open_step(&mut self, reqs: &[Request], n_tokens: usize, n_lengths: usize) -> Result<()> {
+        self.check_requests(reqs, n_tokens, n_lengths)?;
         for r in reqs {
             self.seqs[r.seq as usize].history.set_anchor(r.id_last);
         }
+        Ok(())
+    }
+
+    /// The step both draft calls share once their own checks passed: counts
+    /// the call and, unless it has no request (None), asks the controller
+    /// (adaptive walk) for its plan (no draft, a probe of one sequence, or
+    /// all), caps each request's `wanted` (most tokens, or a tree's depth) by
+    /// it, closes the requested sequences' drafts, flushes the waiting rows
+    /// when anything drafts and lays out the noise blocks.
+    pub(super) fn begin_step(&mut self, reqs: &[Request], wanted: &[usize]) -> Result<Option<StepStart>> {
+        self.stats.n_draft_calls += 1;
         if reqs.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        // the controller (adaptive walk): no draft, a probe of one sequence, or all
         let plan = self.controller.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
-        let caps: Vec<usize> = reqs.iter().enumerate().map(|(i, r)| plan.cap(i, self.request_cap(r))).collect();
+        let caps: Vec<usize> = wanted.iter().enumerate().map(|(i, &w)| plan.cap(i, w)).collect();
         // a zero-length draft needs no accept(): it closes here
         for r in reqs {
             self.seqs[r.seq as usize].outstanding = None;
@@ -98,27 +121,50 @@ impl Engine {
             self.flush()?;
         }
         let blocks = if width > 0 { self.noise_blocks(reqs, &caps, width) } else { Vec::new() };
+        Ok(Some(StepStart { caps, width, blocks }))
+    }
+
+    /// The end both draft calls share: holds `drafts[i]` as request i's
+    /// draft until its accept (a sampled one's generators seeded for its
+    /// seed: even a draft of no tokens verifies, the bonus draw), counts the
+    /// tuned drafts and tells the controller the drafting is done.
+    pub(super) fn end_step(&mut self, reqs: &[Request], modes: &[Mode], drafts: Vec<Outstanding>) {
+        for ((r, &mode), draft) in reqs.iter().zip(modes).zip(drafts) {
+            let seq = &mut self.seqs[r.seq as usize];
+            if let Mode::Sampled { seed, .. } = mode {
+                sampled::seeded(&mut seq.rng, seed, r.seq);
+            }
+            seq.outstanding = Some(draft);
+            self.record_tuning(r, mode);
+        }
+        if let Some(policy) = self.controller.policy.as_mut() {
+            policy.draft_done(Instant::now());
+        }
+    }
+
+    /// Drafts for several sequences with one noise-block decode. `tokens`
+    /// receives the drafts concatenated in request order, `n_drafted[i]` the
+    /// length of request i's draft.
+    pub fn draft(&mut self, reqs: &[Request], tokens: &mut [i32], n_drafted: &mut [i32]) -> Result<()> {
+        self.open_step(reqs, tokens.len(), n_drafted.len())?;
+        let wanted: Vec<usize> = reqs.iter().map(|r| self.request_cap(r)).collect();
+        let Some(StepStart { caps, width, blocks }) = self.begin_step(reqs, &wanted)? else {
+            return Ok(());
+        };
         let modes = reqs.iter().map(|r| self.mode_of(r, None)).collect::<Result<Vec<Mode>>>()?;
         let drafts = self.decode_and_walk(&caps, &modes, blocks, width)?;
 
         let mut at = 0;
+        let mut held = Vec::with_capacity(reqs.len());
         for (i, (r, d)) in reqs.iter().zip(drafts).enumerate() {
             let n = d.len();
             tokens[at..at + n].copy_from_slice(&d.tokens());
             at += n;
             n_drafted[i] = n as i32;
-            let seq = &mut self.seqs[r.seq as usize];
-            if let Mode::Sampled { seed, .. } = modes[i] {
-                // a sampled draft of 0 tokens still verifies (the bonus draw)
-                sampled::seeded(&mut seq.rng, seed, r.seq);
-            }
-            seq.outstanding = Some(d.into_outstanding(seq.last_target_pos(), modes[i]));
             self.stats.record_draft(n);
-            self.record_tuning(r, modes[i]);
+            held.push(d.into_outstanding(self.seqs[r.seq as usize].last_target_pos(), modes[i]));
         }
-        if let Some(policy) = self.controller.policy.as_mut() {
-            policy.draft_done(Instant::now());
-        }
+        self.end_step(reqs, &modes, held);
         Ok(())
     }
 

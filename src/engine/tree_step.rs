@@ -15,11 +15,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use super::draft_step::{NoiseLattices, StepStart};
 use super::sampled::{self, Mode};
+use super::sequence::Outstanding;
 use super::stats::us_since;
 use super::tree_sampled::SampledTreeDraft;
 use super::{Engine, Request, Row};
-use crate::adaptive::Plan;
 use crate::calibration::{self, EdgeCalibration};
 use crate::error::{Error, Result};
 use crate::log;
@@ -139,10 +140,7 @@ impl Engine {
             })
             .collect();
         // sequences, tokens, temperatures and outstanding drafts as the chain checks them
-        self.check_requests(&chain, usize::MAX, reqs.len())?;
-        for r in reqs {
-            self.seqs[r.seq as usize].history.set_anchor(r.id_last);
-        }
+        self.open_step(&chain, usize::MAX, reqs.len())?;
         let modes =
             chain.iter().zip(&limits).map(|(r, l)| self.mode_of(r, Some(l.n_nodes))).collect::<Result<Vec<Mode>>>()?;
         // by the request's budget, as q's cut (before the controller's cap)
@@ -154,17 +152,13 @@ impl Engine {
                 "the output holds {room} tree nodes, these requests may grow {needed}"
             )));
         }
-        self.stats.n_draft_calls += 1;
-        let mut trees = vec![Tree::default(); reqs.len()];
-        if reqs.is_empty() {
-            return Ok(trees);
-        }
-        let mut sampled_trees: Vec<Option<SampledTree>> = vec![None; reqs.len()];
         // the controller (adaptive walk): no tree this step, a short one for a
         // probed sequence, or each tree cut to the nodes that pay for their verify rows
-        let plan = self.controller.policy.as_mut().map_or(Plan::All, |p| p.begin_step(Instant::now(), reqs.len()));
+        let wanted: Vec<usize> = limits.iter().map(|l| l.max_depth).collect();
+        let Some(StepStart { caps, width, blocks }) = self.begin_step(&chain, &wanted)? else {
+            return Ok(Vec::new());
+        };
         let mut limits = limits;
-        let caps: Vec<usize> = limits.iter().enumerate().map(|(i, l)| plan.cap(i, l.max_depth)).collect();
         for ((l, &cap), branch_depth) in limits.iter_mut().zip(&caps).zip(&mut branch_depths) {
             if cap < l.max_depth {
                 l.max_depth = cap;
@@ -172,16 +166,58 @@ impl Engine {
                 *branch_depth = (*branch_depth).min(cap);
             }
         }
-        for r in reqs {
-            self.seqs[r.seq as usize].outstanding = None;
-        }
-        let width = plan.block_rows(caps.iter().copied().max().unwrap_or(0));
-        if width > 0 {
-            self.flush()?;
-        }
-        let blocks = if width > 0 { self.noise_blocks(&chain, &caps, width) } else { Vec::new() };
-        let n_vocab = self.drafter.n_vocab;
         let lattices = self.decode_noise(blocks, width)?;
+        let (mut trees, mut sampled_trees) =
+            self.grow_trees(reqs, &modes, &limits, &branch_depths, &first_children, &lattices)?;
+
+        let mut held = Vec::with_capacity(reqs.len());
+        for (i, (r, tree)) in reqs.iter().zip(&mut trees).enumerate() {
+            let mut depth = tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0);
+            // a sampled tree is never dropped for its depth: that would bias it
+            if depth < self.drafter.limits.n_min && modes[i] == Mode::Greedy {
+                *tree = Tree::default(); // as the chain drops a draft below n_min
+                depth = 0;
+            }
+            let nodes = tree.nodes();
+            self.stats.n_drafts += !nodes.is_empty() as u64;
+            self.stats.n_drafted += nodes.len() as u64;
+            self.stats.n_ngram_nodes += nodes.iter().filter(|n| n.ngram > 0).count() as u64;
+            for slot in self.stats.drafted_at.iter_mut().take(depth) {
+                *slot += 1;
+            }
+            // a sampled tree of no nodes (not drafting, no room) still verifies: its bonus token
+            let sampled_tree =
+                (modes[i] != Mode::Greedy).then(|| SampledTreeDraft::new(sampled_trees[i].take().unwrap_or_default()));
+            held.push(Outstanding {
+                tokens: nodes.iter().map(|n| n.token).collect(),
+                confidences: nodes.iter().map(|n| n.prob).collect(),
+                after_target: self.seqs[r.seq as usize].last_target_pos(),
+                sampled: None,
+                tree: Some(tree.clone()),
+                sampled_tree,
+                tuning: modes[i].tuning(),
+            });
+        }
+        self.end_step(&chain, &modes, held);
+        Ok(trees)
+    }
+
+    /// Grows each request's tree over its block's lattice, as its mode says:
+    /// greedy, by the edges' calibrated acceptance, with its n-gram branches
+    /// merged and the controller's cut; sampled, drawn from q (sized by the
+    /// controller before any draw). Requests without a block get no tree.
+    fn grow_trees(
+        &mut self,
+        reqs: &[TreeRequest],
+        modes: &[Mode],
+        limits: &[TreeLimits],
+        branch_depths: &[usize],
+        first_children: &[FirstChild],
+        lattices: &NoiseLattices,
+    ) -> Result<(Vec<Tree>, Vec<Option<SampledTree>>)> {
+        let mut trees = vec![Tree::default(); reqs.len()];
+        let mut sampled_trees: Vec<Option<SampledTree>> = vec![None; reqs.len()];
+        let n_vocab = self.drafter.n_vocab;
         let t = Instant::now();
         let calibration = EdgeCalibration::from_model(&self.growth.acceptance);
         // built only for a call that grows sampled trees by it
@@ -245,45 +281,7 @@ impl Engine {
             }
         }
         self.stats.t_walk_us += us_since(t);
-
-        for (i, (r, tree)) in reqs.iter().zip(&mut trees).enumerate() {
-            let mut depth = tree.nodes().iter().map(|n| n.depth).max().unwrap_or(0);
-            // a sampled tree is never dropped for its depth: that would bias it
-            if depth < self.drafter.limits.n_min && modes[i] == Mode::Greedy {
-                *tree = Tree::default(); // as the chain drops a draft below n_min
-                depth = 0;
-            }
-            let nodes = tree.nodes();
-            self.stats.n_drafts += !nodes.is_empty() as u64;
-            self.stats.n_drafted += nodes.len() as u64;
-            self.stats.n_ngram_nodes += nodes.iter().filter(|n| n.ngram > 0).count() as u64;
-            for slot in self.stats.drafted_at.iter_mut().take(depth) {
-                *slot += 1;
-            }
-            let seq = &mut self.seqs[r.seq as usize];
-            // a sampled tree of no nodes (not drafting, no room) still verifies: its bonus token
-            let sampled_tree = match modes[i] {
-                Mode::Greedy => None,
-                Mode::Sampled { seed, .. } => {
-                    sampled::seeded(&mut seq.rng, seed, r.seq);
-                    Some(SampledTreeDraft::new(sampled_trees[i].take().unwrap_or_default()))
-                }
-            };
-            seq.outstanding = Some(super::sequence::Outstanding {
-                tokens: nodes.iter().map(|n| n.token).collect(),
-                confidences: nodes.iter().map(|n| n.prob).collect(),
-                after_target: seq.last_target_pos(),
-                sampled: None,
-                tree: Some(tree.clone()),
-                sampled_tree,
-                tuning: modes[i].tuning(),
-            });
-            self.record_tuning(&chain[i], modes[i]);
-        }
-        if let Some(policy) = self.controller.policy.as_mut() {
-            policy.draft_done(Instant::now());
-        }
-        Ok(trees)
+        Ok((trees, sampled_trees))
     }
 
     /// The host verified the outstanding tree of `seq` and accepts `path`:
