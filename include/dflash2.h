@@ -72,7 +72,10 @@
 // (llama_spec_dflash2_tree_kv_seq_ids, _init, _rows, _commit, _unpark,
 // _parked, _room, _owner): path and park sequence ids, the prefix tagged before the verify
 // decode, the accepted path committed and the step's other cells parked after it.
-#define LLAMA_SPEC_DFLASH2_API_VERSION 13
+// 14: llama_spec_dflash2_tree_kv_pad: the row more that keeps a verify
+// decode's last ubatch off one row over parked cells on a CPU target (T = 0
+// identity), from the engine instead of each host.
+#define LLAMA_SPEC_DFLASH2_API_VERSION 14
 
 // Capacity of `llama_spec_dflash2_checkpoint_info.target_layers`.
 #define LLAMA_SPEC_DFLASH2_MAX_TARGET_LAYERS 64
@@ -1306,6 +1309,32 @@ int32_t llama_spec_dflash2_tree_kv_room(struct llama_spec_dflash2 *spec,
 // each row of a verify batch once, under its owner.
 // Returns the owner (>= 0), or _INVALID_STATE (no bookkeeping) / _NULL_ARGUMENT.
 int32_t llama_spec_dflash2_tree_kv_owner(struct llama_spec_dflash2 *spec, llama_seq_id seq_id);
+
+// A row more for a target decode of `n_rows` rows (its batch holds
+// `n_rows_max`; `seq_id_last` is its last row's sequence id) that carries
+// the engine's tree rows: where the decode's last ubatch would hold one row
+// over 512 or more cells (parked ones among them) on a CPU target, ggml's
+// flash attention would split that row's cells across threads and sum the
+// parts, while target-only decoding (its sequence holding at most 256
+// cells) sums them in one pass, and T = 0 outputs could differ in the last
+// bits. The row keeps that ubatch at two rows: add `*row` with the one
+// sequence id `*seq_id` (the last row's sequence's park id, right after the
+// cells it holds) at the end of the batch, logits off, and leave it out of
+// llama_spec_dflash2_process; its cell is parked as it is decoded and no
+// query reads it. Call it after the step's rows are in the batch
+// (llama_spec_dflash2_tree_kv_rows), before the decode; a batch decoded in
+// several llama_decode calls asks for its last one. A quantized KV cache
+// never splits (the engine does not see the cache's type): a host that knows
+// its cache is quantized may skip the call; the row changes no output.
+// Returns 1 (a row to add), 0 (none needed, or the batch is full), or
+// _INVALID_STATE (no bookkeeping) / _INVALID_ARGUMENT (n_rows < 1) /
+// _UNKNOWN_SEQUENCE (seq_id_last is none of the engine's ids) / _NULL_ARGUMENT.
+int32_t llama_spec_dflash2_tree_kv_pad(struct llama_spec_dflash2 *spec,
+                                       int32_t n_rows,
+                                       int32_t n_rows_max,
+                                       llama_seq_id seq_id_last,
+                                       struct llama_spec_dflash2_tree_row *row,
+                                       llama_seq_id *seq_id);
 
 // Mirrors llama_memory_seq_rm on the target: removes the rows at target
 // positions [p0, p1) (p0 < 0: from 0; p1 < 0: to the end; seq_id < 0: every

@@ -294,6 +294,16 @@ struct engine {
         return owner;
     }
 
+    // a row more for a decode of n_rows rows (room for n_rows_max; seq_last: its last row's
+    // sequence id) whose last ubatch would be one row over parked cells: add it with the one
+    // sequence id, logits off, and do not pass it to process (llama_spec_dflash2_tree_kv_pad)
+    bool tree_kv_pad(int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last, llama_spec_dflash2_tree_row & row,
+            llama_seq_id & seq_id) {
+        const int32_t ret = llama_spec_dflash2_tree_kv_pad(get(), n_rows, n_rows_max, seq_last, &row, &seq_id);
+        check(ret < 0 ? ret : 0, "tree_kv_pad");
+        return ret == 1;
+    }
+
     // cells parked, and whether parked cells were freed since the sequences were emptied
     std::pair<int64_t, bool> tree_kv_parked() const {
         int64_t n = 0;

@@ -92,6 +92,10 @@ struct spec_dflash2 : dflash2_server_spec {
         return true;
     }
 
+    void pad_batch(int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last, const dflash2_server_add_row & add) override {
+        tree.pad(n_rows, n_rows_max, seq_last, add);
+    }
+
     void draft() override {
         requests.clear();
         tree_requests.clear();

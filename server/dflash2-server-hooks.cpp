@@ -140,6 +140,13 @@ bool dflash2_server_spec::add_draft_rows(llama_seq_id, llama_token id_last, cons
     return ok;
 }
 
+void dflash2_server_pad_batch(dflash2_server_spec * spec, int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last,
+        const dflash2_server_add_row & add) {
+    if (spec) {
+        spec->pad_batch(n_rows, n_rows_max, seq_last, add);
+    }
+}
+
 bool dflash2_server_add_draft_rows(dflash2_server_spec * spec, llama_seq_id seq_id, llama_token id_last,
         const llama_tokens & draft, llama_pos pos0, const dflash2_server_add_row & add) {
     return spec->add_draft_rows(seq_id, id_last, draft, pos0, add);

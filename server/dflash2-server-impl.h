@@ -54,6 +54,8 @@ void dflash2_server_publish_stats(const dflash2::stats & stats, int32_t n_max);
 dflash2_server_slot_counters dflash2_server_counters_sum(const std::vector<dflash2_server_slot_counters> & counters);
 // the slots' step counters after a draft, summed for /metrics
 void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters);
+// a pad row added to a verify batch (dflash2_server_pad_batch), for /metrics
+void dflash2_server_count_pad_row();
 // dflash2's statistics as log lines
 void dflash2_server_log_stats(const dflash2::stats & stats, int32_t n_max);
 
@@ -132,6 +134,9 @@ struct dflash2_server_tree {
     int32_t           n_leaves = 0;
     std::vector<slot_tree> slots;
 
+    // the sequence id of the pad row in the batch being decoded (pad), -1: none
+    llama_seq_id pad_id = -1;
+
     // the library's rows of a tree (add_rows)
     std::vector<llama_spec_dflash2_tree_row> verify_rows;
     std::vector<llama_seq_id>                verify_ids;
@@ -165,10 +170,14 @@ struct dflash2_server_tree {
     // committed rows (a new request, a shift), not a rejected draft's
     void on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1, bool cuts_history);
 
+    // the library's pad row for the batch about to be decoded (dflash2_server_pad_batch)
+    void pad(int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last, const dflash2_server_add_row & add);
+
     // the rows of a decoded batch for process(): every row once per slot, with the
-    // slot's own id (the path ids of a tree row all belong to one slot)
+    // slot's own id (the path ids of a tree row all belong to one slot); the pad
+    // row, last in the batch, is left out (and forgotten once seen)
     void rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows,
-            std::vector<llama_token> & tokens) const;
+            std::vector<llama_token> & tokens);
 };
 
 // sample-and-match on a tree: from the anchor's row (idxs[0]) the slot's sampler

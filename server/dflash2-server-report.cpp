@@ -4,6 +4,7 @@
 
 #include "log.h"
 
+#include <atomic>
 #include <mutex>
 
 namespace {
@@ -32,6 +33,12 @@ dflash2_server_slot_counters dflash2_server_counters_sum(const std::vector<dflas
         sum.n_tree_side_accepted += c.n_tree_side_accepted;
     }
     return sum;
+}
+
+static std::atomic<uint64_t> g_pad_rows{0};
+
+void dflash2_server_count_pad_row() {
+    g_pad_rows += 1;
 }
 
 void dflash2_server_publish_steps(const std::vector<dflash2_server_slot_counters> & counters) {
@@ -156,6 +163,8 @@ std::string dflash2_server_metrics() {
     out += string_format("llamacpp:dflash2_steps_total{kind=\"tree\"} %lld\n", (long long) steps.n_steps_tree);
     counter("dflash2_verified_nodes_total", "drafted chain tokens and tree nodes the target verified",
             (double) steps.n_drafted);
+    counter("dflash2_pad_rows_total", "rows added to verify batches whose last ubatch would be one row over the "
+            "parked cells of trees (CPU attention)", (double) g_pad_rows.load());
     out += "# HELP llamacpp:dflash2_drafted_at drafts that proposed a token at draft position pos\n"
            "# TYPE llamacpp:dflash2_drafted_at counter\n";
     for (int32_t i = 0; i < n_max && i < LLAMA_SPEC_DFLASH2_MAX_DRAFT; ++i) {

@@ -299,7 +299,7 @@ void dflash2_server_tree::commit(llama_seq_id seq, dflash2_server_slot_counters 
     st.path.clear();
 }
 
-void dflash2_server_tree::on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1, bool cuts_history) {
+void dflash2_server_tree::on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos /* p1 */, bool cuts_history) {
     if (!on()) {
         return;
     }
@@ -322,13 +322,40 @@ void dflash2_server_tree::on_seq_rm(llama_seq_id seq, llama_pos p0, llama_pos p1
     }
 }
 
+void dflash2_server_tree::pad(int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last,
+        const dflash2_server_add_row & add) {
+    pad_id = -1;
+    if (!on()) {
+        return;
+    }
+    llama_spec_dflash2_tree_row row = {};
+    llama_seq_id id = -1;
+    try {
+        if (!engine->tree_kv_pad(n_rows, n_rows_max, seq_last, row, id)) {
+            return;
+        }
+    } catch (const dflash2::error & e) {
+        LOG_ERR("%s\n", e.what());
+        return;
+    }
+    // a batch with no room decodes without it (the library forgets a pad never decoded)
+    if (add(row.token, row.pos, std::vector<llama_seq_id>{ id })) {
+        pad_id = id;
+        dflash2_server_count_pad_row();
+    }
+}
+
 void dflash2_server_tree::rows_from_batch(const common_batch & batch, std::vector<dflash2::row> & rows,
-        std::vector<llama_token> & tokens) const {
+        std::vector<llama_token> & tokens) {
     rows.clear();
     tokens.clear();
     std::vector<llama_seq_id> seen;
     for (int32_t i = 0; i < batch.size(); ++i) {
         const auto & t    = batch.tokens[i];
+        if (pad_id >= 0 && i + 1 == batch.size() && t.seq_id == pad_id && t.seq_ids_extra.empty()) {
+            pad_id = -1; // the pad row: its output is never read, its cell the library parks
+            continue;
+        }
         const bool   embd = t.id == LLAMA_TOKEN_NULL;
         seen.clear();
         auto push = [&](llama_seq_id id) {

@@ -126,6 +126,11 @@ struct dflash2_server_spec {
     virtual bool add_draft_rows(llama_seq_id seq_id, llama_token id_last, const llama_tokens & draft, llama_pos pos0,
             const dflash2_server_add_row & add);
 
+    // see dflash2_server_pad_batch; nothing unless the spec verifies trees
+    virtual void pad_batch(int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last, const dflash2_server_add_row & add) {
+        (void) n_rows; (void) n_rows_max; (void) seq_last; (void) add;
+    }
+
     // the target's memory operations on a slot, mirrored into the drafter
     virtual void seq_rm (llama_seq_id seq_id, llama_pos p0, llama_pos p1) = 0;
     virtual void seq_add(llama_seq_id seq_id, llama_pos p0, llama_pos p1, llama_pos delta) = 0;
@@ -242,6 +247,14 @@ void dflash2_server_slot_file_load(llama_context * ctx_tgt, llama_seq_id seq_id,
 // ids of the leaves below it; false when the batch is full
 bool dflash2_server_add_draft_rows(dflash2_server_spec * spec, llama_seq_id seq_id, llama_token id_last,
         const llama_tokens & draft, llama_pos pos0, const dflash2_server_add_row & add);
+
+// before a batch is decoded: where its last llama_decode (n_rows rows, room for
+// n_rows_max, last row's sequence id seq_last) would leave its last ubatch one row
+// over parked cells of trees on a CPU target, the library gives a row more, added
+// through `add` (logits off) and parked by the library after the decode
+// (llama_spec_dflash2_tree_kv_pad); nothing for upstream's spec or chains
+void dflash2_server_pad_batch(dflash2_server_spec * spec, int32_t n_rows, int32_t n_rows_max, llama_seq_id seq_last,
+        const dflash2_server_add_row & add);
 
 // draft statistics of a slot for /slots (JSON text)
 std::string dflash2_server_slot_json(const dflash2_server_spec * spec, llama_seq_id seq_id);

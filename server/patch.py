@@ -64,6 +64,22 @@ EDITS = [
      "                        }\n"
      "                        return ok;\n"
      "                    });\n"),
+    # tree verification: a batch whose last ubatch would be one row over parked cells gets the library's pad row
+    ("server-context.cpp",
+     "        GGML_ASSERT(batch.slot_batched || batch.size() == 0);\n",
+     "        GGML_ASSERT(batch.slot_batched || batch.size() == 0);\n"
+     "        if (spec && batch.size() > 0 && !batch.has_embd) { " + MARK + "\n"
+     "            const int32_t id_slot_last = batch.tokens.back().id_slot, n_batch_max = (int32_t) llama_n_batch(ctx_tgt);\n"
+     "            const llama_seq_id seq_last = batch.tokens.back().seq_ids.empty() ? id_slot_last : batch.tokens.back().seq_ids[0];\n"
+     "            dflash2_server_pad_batch(spec.get(), (batch.size() - 1) % n_batch_max + 1, n_batch_max, seq_last,\n"
+     "                    [&](llama_token token, llama_pos pos, const std::vector<llama_seq_id> & seq_ids) {\n"
+     "                        const bool ok = batch.add(id_slot_last, token, pos, false, false);\n"
+     "                        if (ok) {\n"
+     "                            batch.tokens.back().seq_ids = seq_ids;\n"
+     "                        }\n"
+     "                        return ok;\n"
+     "                    });\n"
+     "        }\n"),
     # slot memory mirrors every operation into the dflash2 engine
     ("server-context.cpp",
      "    common_memory mem;\n",

@@ -660,6 +660,81 @@ fn bad_tree_kv_calls_are_refused_and_change_nothing() {
     assert_eq!(tree_kv_parked(&spec), (0, false));
 }
 
+/// llama_spec_dflash2_tree_kv_pad with output slots: (status, row, seq id).
+fn tree_kv_pad(spec: &Spec, n_rows: i32, n_rows_max: i32, seq_last: i32) -> (i32, llama_spec_dflash2_tree_row, i32) {
+    let (mut row, mut id) = (llama_spec_dflash2_tree_row::default(), -1);
+    // SAFETY: live engine, writable outputs.
+    let rc = unsafe { llama_spec_dflash2_tree_kv_pad(spec.0, n_rows, n_rows_max, seq_last, &mut row, &mut id) };
+    (rc, row, id)
+}
+
+/// The pad row goes where a decode's last ubatch would be one row over 512+
+/// cells (llama pads 257+ to 512; sequence 1 holds 300) while the last row's
+/// sequence alone holds fewer than 256: under that sequence's park id, right
+/// after the cells it holds, so llama accepts it and it is parked as decoded;
+/// nowhere else, and bad calls are refused.
+#[test]
+fn the_pad_row_goes_under_the_park_id_where_a_one_row_ubatch_would_split() {
+    let fx = fixtures();
+    const LEAVES: i32 = 3;
+    let refused = |rc: i32, status: &str, needle: &str| {
+        assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
+        assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
+    };
+    let n_ids = llama_spec_dflash2_tree_kv_seq_ids(2, LEAVES);
+    let mut target = unified_target(&fx.target, n_ids as u32, 2048, 512, 63);
+    let short = target.tokenize("one two three", true);
+    let long: Vec<i32> = short.iter().copied().cycle().take(300).collect();
+    let spec = Spec::new(&target, &fx.drafter, default_params(2));
+    let streams = prefill(&mut target, &spec, &[short.clone(), long]);
+    refused(tree_kv_pad(&spec, 1, 512, 0).0, "INVALID_STATE", "tree_kv_init");
+    assert_eq!(tree_kv_init(&spec, LEAVES), 0, "{}", last_error());
+    refused(tree_kv_pad(&spec, 0, 512, 0).0, "INVALID_ARGUMENT", "empty batch");
+    refused(tree_kv_pad(&spec, 1, 512, 99).0, "UNKNOWN_SEQUENCE", "99");
+    let null = unsafe { llama_spec_dflash2_tree_kv_pad(spec.0, 1, 512, 0, ptr::null_mut(), ptr::null_mut()) };
+    refused(null, "NULL_ARGUMENT", "row");
+    // ubatches of two rows or more, or no room for the row: none
+    assert_eq!(tree_kv_pad(&spec, 2, 512, 0).0, 0);
+    assert_eq!(tree_kv_pad(&spec, 63, 512, 0).0, 0);
+    assert_eq!(tree_kv_pad(&spec, 1, 1, 0).0, 0);
+    // the last row's sequence holds 300 cells: target-only splits as well
+    assert_eq!(tree_kv_pad(&spec, 1, 512, 1).0, 0);
+    assert_eq!(tree_kv_parked(&spec), (0, false));
+    let park = engine_park(2, LEAVES, 0);
+    let (mut n_past, mut id_last) = (streams[0].n_past, streams[0].id_last);
+    // the park id holds nothing yet: the row takes the sequence's next position
+    let mut expect_pos = n_past;
+    for step in 0..3 {
+        let (rc, pad, id) = tree_kv_pad(&spec, 1, 512, 0);
+        assert_eq!(rc, 1, "step {step}: {}", last_error());
+        assert_eq!((id, pad.n_seq_id), (park, 1));
+        assert_eq!(pad.pos, expect_pos, "step {step}: right after the park id's cells");
+        let rows = [
+            MRow { owner: 0, token: id_last, pos: n_past, seq_ids: vec![0] },
+            MRow { owner: 0, token: pad.token, pos: pad.pos, seq_ids: vec![id] },
+        ];
+        let argmax = decode_multi(&mut target, &rows);
+        target.last_rows.truncate(1); // the pad row is not the engine's
+        spec.process(&target);
+        assert_eq!(pos_max(&target, park), pad.pos, "the pad's cell is parked as decoded");
+        assert_eq!(tree_kv_parked(&spec), (step + 1, false));
+        (n_past, id_last) = (n_past + 1, argmax[0]);
+        expect_pos = pad.pos + 1;
+    }
+    // 64 rows at ubatch 63 end in a one-row ubatch too
+    let (rc, pad, _) = tree_kv_pad(&spec, 64, 512, 0);
+    assert_eq!((rc, pad.pos), (1, expect_pos));
+    // few cells: the one-row ubatch is not split
+    target.seq_rm(1, -1, -1);
+    spec.seq_rm(1, -1, -1);
+    assert_eq!(tree_kv_pad(&spec, 1, 512, 0).0, 0);
+    // a whole-sequence removal frees the parked pad cells with the rest
+    target.seq_rm(0, -1, -1);
+    spec.seq_rm(0, -1, -1);
+    assert_eq!(tree_kv_parked(&spec), (0, false));
+    assert_eq!(pos_max(&target, park), -1);
+}
+
 const SMOL_PROMPTS: [&str; 8] = [
     "Write a Python function that checks whether a string is a palindrome.",
     "What is 48 multiplied by 12? Show the steps.",

@@ -21,6 +21,18 @@ pub fn seq_ids(n_seq: usize, n_leaves: usize) -> usize {
     n_seq * (n_leaves + 1)
 }
 
+/// llama pads the cells a batch attends to to a multiple of this (flash
+/// attention); ggml's CPU flash attention splits a one-row ubatch's cells
+/// across its threads from `SPLIT_KV_CELLS` on (f16/f32 caches) and sums the
+/// parts, which rounds by where each cell lies; ubatches of two rows or more
+/// are summed in one pass, in cell order.
+const KV_PAD: usize = 256;
+const SPLIT_KV_CELLS: usize = 512;
+
+fn cells_attended(cells: usize) -> usize {
+    cells.div_ceil(KV_PAD).max(1) * KV_PAD
+}
+
 /// One sequence's tree in flight and its parked cells.
 #[derive(Clone, Debug, Default)]
 struct SlotKv {
@@ -179,6 +191,52 @@ impl Engine {
         kv.slots[s].parked.extend(parked);
         kv.slots[s].in_flight = None;
         apply(&self.target, &ops)
+    }
+
+    /// A row more for a target decode of `n_rows` rows (its batch holds
+    /// `n_rows_max`; `seq_last` is its last row's sequence id) whose last
+    /// ubatch would hold one row over 512 or more cells (parked ones of earlier
+    /// trees, other sequences' in a unified cache) where ggml's CPU attention
+    /// would split them across threads while target-only decoding, whose
+    /// sequence holds fewer cells, sums them in one pass. The
+    /// row goes to the last row's sequence's park id, right after its parked
+    /// cells (the batch's rows of a sequence id must follow the cells it
+    /// holds), logits off: its cell is parked as it is decoded and no query
+    /// reads it. None where no such row is needed or none fits.
+    pub fn tree_kv_pad(&mut self, n_rows: usize, n_rows_max: usize, seq_last: i32) -> Result<Option<VerifyRow>> {
+        let kv = self.tree_kv_ref()?;
+        if n_rows == 0 {
+            return Err(Error::invalid("a pad row for an empty batch: add the step's rows first"));
+        }
+        let owner = self.tree_kv_owner(seq_last)?;
+        let last = self.seq_index(owner)?;
+        let n_ubatch = self.target.n_ubatch() as usize;
+        // a CPU target's attention: the kernels of other backends do not split a
+        // one-row ubatch's cells this way
+        let one_row = self.target.devices().is_empty() && n_ubatch > 1 && n_rows % n_ubatch == 1;
+        if !one_row || n_rows + 1 > n_rows_max || kv.unparked {
+            return Ok(None);
+        }
+        let span = |k: i32| {
+            let (p0, p1) = (self.target.memory_seq_pos_min(k), self.target.memory_seq_pos_max(k));
+            if p0 >= 0 && p1 >= p0 { (p1 - p0 + 1) as usize } else { 0 }
+        };
+        let parked: usize = kv.slots.iter().map(|s| s.parked.len()).sum();
+        let cells = (0..kv.slots.len() as i32).map(span).sum::<usize>() + parked + n_rows;
+        // the last row's sequence alone, as target-only decoding holds it: its
+        // committed cells and the row
+        let own = (self.target.memory_seq_pos_max(owner) + 2).max(1) as usize;
+        if cells_attended(cells) < SPLIT_KV_CELLS || cells_attended(own) >= SPLIT_KV_CELLS {
+            return Ok(None);
+        }
+        let park = kv.park(last);
+        let pos = match self.target.memory_seq_pos_max(park) {
+            p if p >= 0 => p + 1,
+            _ => self.target.memory_seq_pos_max(owner) + 1,
+        };
+        let token = self.seqs[last].history.anchor().unwrap_or(0);
+        self.tree_kv_mut()?.slots[last].parked.push(pos);
+        Ok(Some(VerifyRow { token, pos, seq_ids: vec![park] }))
     }
 
     /// Frees every parked cell (the target's cache is short of cells); cells

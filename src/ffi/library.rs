@@ -69,7 +69,10 @@ use crate::params::llama_spec_dflash2_params;
 /// (llama_spec_dflash2_tree_kv_seq_ids, _init, _rows, _commit, _unpark,
 /// _parked, _room, _owner): path and park sequence ids, the prefix tagged before the verify
 /// decode, the accepted path committed and the step's other cells parked after it.
-pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 13;
+/// 14: llama_spec_dflash2_tree_kv_pad: the row more that keeps a verify
+/// decode's last ubatch off one row over parked cells on a CPU target (T = 0
+/// identity), from the engine instead of each host.
+pub const LLAMA_SPEC_DFLASH2_API_VERSION: u32 = 14;
 
 /// The C API version the loaded library implements (LLAMA_SPEC_DFLASH2_API_VERSION
 /// of the header it was built with).

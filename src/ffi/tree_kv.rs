@@ -185,3 +185,41 @@ pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_room(
 pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_owner(spec: *mut llama_spec_dflash2, seq_id: llama_seq_id) -> i32 {
     engine_value(spec, |e| e.tree_kv_owner(seq_id))
 }
+
+/// A row more for a target decode of `n_rows` rows (its batch holds
+/// `n_rows_max`; `seq_id_last` is its last row's sequence id) that carries
+/// the engine's tree rows: where the decode's last ubatch would hold one row
+/// over 512 or more cells (parked ones among them) on a CPU target, ggml's
+/// flash attention would split that row's cells across threads and sum the
+/// parts, while target-only decoding (its sequence holding at most 256
+/// cells) sums them in one pass, and T = 0 outputs could differ in the last
+/// bits. The row keeps that ubatch at two rows: add `*row` with the one
+/// sequence id `*seq_id` (the last row's sequence's park id, right after the
+/// cells it holds) at the end of the batch, logits off, and leave it out of
+/// llama_spec_dflash2_process; its cell is parked as it is decoded and no
+/// query reads it. Call it after the step's rows are in the batch
+/// (llama_spec_dflash2_tree_kv_rows), before the decode; a batch decoded in
+/// several llama_decode calls asks for its last one. A quantized KV cache
+/// never splits (the engine does not see the cache's type): a host that knows
+/// its cache is quantized may skip the call; the row changes no output.
+/// Returns 1 (a row to add), 0 (none needed, or the batch is full), or
+/// _INVALID_STATE (no bookkeeping) / _INVALID_ARGUMENT (n_rows < 1) /
+/// _UNKNOWN_SEQUENCE (seq_id_last is none of the engine's ids) / _NULL_ARGUMENT.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llama_spec_dflash2_tree_kv_pad(
+    spec: *mut llama_spec_dflash2,
+    n_rows: i32,
+    n_rows_max: i32,
+    seq_id_last: llama_seq_id,
+    row: *mut llama_spec_dflash2_tree_row,
+    seq_id: *mut llama_seq_id,
+) -> i32 {
+    engine_value(spec, |e| {
+        let (n_rows, n_rows_max) = (count(n_rows, "n_rows")?, count(n_rows_max, "n_rows_max")?);
+        let (row_out, id_out) = (output(row, "row")?, output(seq_id, "seq_id")?);
+        let Some(pad) = e.tree_kv_pad(n_rows, n_rows_max, seq_id_last)? else { return Ok(0) };
+        *row_out = llama_spec_dflash2_tree_row { token: pad.token, pos: pad.pos, seq_id_first: 0, n_seq_id: 1 };
+        *id_out = pad.seq_ids[0];
+        Ok(1)
+    })
+}

@@ -73,6 +73,11 @@ impl TargetContext {
         unsafe { llama_n_batch(self.ctx.as_ptr()) }
     }
 
+    pub fn n_ubatch(&self) -> u32 {
+        // SAFETY: live context.
+        unsafe { llama_n_ubatch(self.ctx.as_ptr()) }
+    }
+
     /// What the context offers a draft tree's verify batch (`engine::tree_step`).
     pub fn tree_room(&self) -> TreeRoom {
         let ctx = self.ctx.as_ptr();

@@ -622,6 +622,7 @@ def test_trees_answer_equal_the_no_drafter_server():
     run()
 
 
+PALINDROME_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 COPY_PROMPT = "Copy the following sentence three times: The red train leaves the old station at seven in the morning."
 
 
@@ -845,6 +846,38 @@ def test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy():
     run()
 
 
+def test_one_row_ubatches_over_parked_cells_get_the_librarys_pad_row():
+    # trees shallower than 7 dropped (--spec-draft-n-min 7) with the generated
+    # drafter: most steps decode one row, over the parked cells of earlier trees.
+    # Past 512 cells (llama.cpp pads them to 256) ggml's CPU attention would split
+    # that row's cells across the 2 threads and sum the parts, rounding otherwise
+    # than the reference, whose slot alone holds fewer cells; the library's pad
+    # row (llama_spec_dflash2_tree_kv_pad) keeps such a ubatch at two rows. Without
+    # it this generation left the reference's tokens (seen 2026-12-05).
+    # (-ub 63: a 64-row verify batch ends in a one-row ubatch too)
+    tree = ["--spec-dflash2-tree", "63", "--spec-draft-n-max", "7", "--spec-draft-n-min", "7", "-md", ARGS.draft,
+            "--spec-type", "draft-dflash"]
+    # (a context that holds every step's parked cells: where it runs short they are
+    # freed and reused out of position order, which rounds otherwise by itself)
+    both = ["-np", "1", "-c", "8192", "-ub", "63"]
+
+    @with_servers(("reference", both), ("tree", both + tree + GREEDY))
+    def run(ref, tree):
+        prompt = ref.request("POST", "/tokenize", {"content": PALINDROME_PROMPT, "add_special": True})["tokens"]
+        want = generate_tokens(ref, prompt, 160)
+        got = generate_tokens(tree, prompt, 160)
+        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        m = tree.metrics()
+        assert got == want, f"the tree server left the reference at token {first} ({m['dflash2_pad_rows_total']:.0f} pad rows)"
+        assert m["dflash2_pad_rows_total"] >= 10, m["dflash2_pad_rows_total"]
+        total, slots = tree_counters(tree, 1)
+        assert total["n_steps"] > 0, slots
+        assert "short of cells" not in tree.log_text()
+        print(f"  160 tokens identical; pad rows {m['dflash2_pad_rows_total']:.0f}, tree steps {total['n_steps']}")
+
+    run()
+
+
 def test_trees_fall_back_to_chains_or_refuse_with_a_reason():
     # a split cache cannot branch: chains, said once; a batch too small for the
     # trees shrinks them; more slots than llama.cpp's sequence ids allow for
@@ -1021,6 +1054,7 @@ TESTS = [
     test_sampled_trees_emit_the_no_drafter_servers_token_distribution,
     test_trees_through_four_parallel_slots_answer_like_the_unified_no_drafter_server,
     test_trees_short_of_kv_cells_free_their_parked_cells_and_stay_greedy,
+    test_one_row_ubatches_over_parked_cells_get_the_librarys_pad_row,
     test_trees_fall_back_to_chains_or_refuse_with_a_reason,
     test_the_default_server_answers_equal_the_no_drafter_server,
     test_the_default_server_through_four_parallel_slots_answers_like_the_no_drafter_server,

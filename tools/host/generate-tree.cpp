@@ -24,8 +24,8 @@
 // attention then splits the cells across its threads once there are 512 or
 // more, and sums the parts, which rounds by where each cell lies; target-only,
 // whose sequence alone holds fewer cells, sums them in one pass. Such a batch
-// gets a row more, parked at once and never read, that keeps that ubatch on
-// the one-pass kernel.
+// gets a row more from the engine (llama_spec_dflash2_tree_kv_pad), parked as
+// it is decoded and never read, that keeps that ubatch on the one-pass kernel.
 #include "dflash2-batch-rows.h"
 #include "dflash2.hpp"
 #include "host.h"
@@ -35,33 +35,6 @@
 #include <utility>
 
 namespace {
-
-// llama pads the cells a batch attends to to a multiple of KV_PAD; ggml's CPU
-// flash attention splits a one-row batch's cells across its threads from
-// SPLIT_KV_CELLS on (f16/f32 caches)
-constexpr int64_t KV_PAD         = 256;
-constexpr int64_t SPLIT_KV_CELLS = 512;
-
-int64_t cells_attended(int64_t cells_used) {
-    return std::max(KV_PAD, (cells_used + KV_PAD - 1) / KV_PAD * KV_PAD);
-}
-
-// the sequence ids of stream k as the engine lays them out (llama_spec_dflash2_tree_kv_seq_ids):
-// path ids (pool[0] is k itself) and its park id; the one-pass pad row below takes one
-struct tree_ids {
-    std::vector<llama_seq_id> pool;
-    llama_seq_id              park;
-};
-
-tree_ids ids_of(int32_t k, int32_t np, int32_t n_leaves) {
-    tree_ids ids;
-    ids.pool.push_back(k);
-    for (int32_t l = 1; l < n_leaves; ++l) {
-        ids.pool.push_back(np + k * (n_leaves - 1) + (l - 1));
-    }
-    ids.park = np + np * (n_leaves - 1) + k;
-    return ids;
-}
 
 // prefill rows go to the engine as any host's: one sequence per row
 struct prefill_drafter : host_drafter {
@@ -87,7 +60,6 @@ struct prefill_drafter : host_drafter {
 
 struct tree_step {
     std::vector<dflash2::tree_node> nodes;
-    int32_t                         n_leaves = 0;
     std::vector<int32_t>            rows; // batch indices: anchor, then node i
 };
 
@@ -118,7 +90,6 @@ struct tree_wave : host_wave_runner {
     const int32_t              n_nodes;
     const int32_t              n_leaves;
     std::vector<host_stream> & streams;
-    llama_memory_t             mem;
     common_batch               batch;
 
     std::vector<dflash2::tree_request>           reqs;
@@ -131,20 +102,16 @@ struct tree_wave : host_wave_runner {
     std::vector<llama_token>                     emitted;
     std::vector<int32_t>                         path;
 
-    // cells the wave's decodes took (none is freed until it ends); -1 once the parked ones were
-    int64_t cells = 0;
-
     tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
             std::vector<host_stream> & streams, host_stats & stats)
         : host_wave_runner(stats), tgt(tgt), engine(engine), n_nodes(n_nodes), n_leaves(n_leaves), streams(streams),
-          mem(llama_get_memory(tgt.ctx)), batch(tgt.ctx) {
-        llama_memory_clear(mem, true);
+          batch(tgt.ctx) {
+        llama_memory_clear(llama_get_memory(tgt.ctx), true);
         engine.seq_rm(-1, -1, -1);
         prefill_drafter prefill(engine);
         host_prefill(tgt, &prefill, streams, stats);
         engine.reset_stats();
         for (auto & s : streams) {
-            cells += s.n_past;
             host_emit(tgt, s, { s.id_last });
         }
     }
@@ -153,46 +120,21 @@ struct tree_wave : host_wave_runner {
 
   private:
     // a ubatch of one row (a one-row batch, or the last row of one: 64 rows at ubatch 63)
-    // whose cells ggml would split (the parked ones among them) where target-only's would
-    // not: a row more keeps it on the one-pass kernel. Its cell takes a path id left empty
-    // by some stream's tree (a batch's rows of a sequence that holds cells must follow its
-    // last position; the park id's do not), and is parked after the decode (park_one_pass).
-    // Returns the pad row's path id and its stream's park id, or {-1, -1} for none.
-    std::pair<llama_seq_id, llama_seq_id> keep_one_pass(const std::vector<size_t> & active, int32_t np) {
-        const std::pair<llama_seq_id, llama_seq_id> none = { -1, -1 };
-        if (batch.size() % tgt.n_ubatch() != 1 || cells < 0 || !tgt.cpu_attention_by_rows()) {
-            return none;
-        }
-        const host_stream & last = streams[active.back()];
-        const int64_t n_cells = cells + (int64_t) batch.size();
-        if (cells_attended(n_cells) < SPLIT_KV_CELLS || cells_attended(last.n_past + 1) >= SPLIT_KV_CELLS) {
-            return none;
-        }
-        for (size_t k = 0; k < active.size(); ++k) {
-            const host_stream & s = streams[active[k]];
-            const int32_t free_id = std::max(steps[k].n_leaves, 1);
-            if (free_id >= n_leaves) {
-                continue;
-            }
-            const tree_ids ids = ids_of(s.seq, np, n_leaves);
-            batch.add(s.id_last, s.n_past, std::vector<llama_seq_id>{ ids.pool[free_id] }, false);
+    // over parked cells gets a row more from the engine where ggml's CPU attention (an
+    // f16/f32 cache: a quantized one never splits) would split its cells and target-only's
+    // would not; its cell is parked as it is decoded
+    void keep_one_pass(llama_seq_id seq_last) {
+        llama_spec_dflash2_tree_row pad = {};
+        llama_seq_id pad_id = -1;
+        if (tgt.cpu_attention_by_rows() &&
+                engine.tree_kv_pad(batch.size(), (int32_t) llama_n_batch(tgt.ctx), seq_last, pad, pad_id)) {
+            batch.add(pad.token, pad.pos, std::vector<llama_seq_id>{ pad_id }, false);
             stats.n_one_pass_rows += 1;
-            return { ids.pool[free_id], ids.park };
         }
-        return none;
-    }
-
-    void park_one_pass(const std::pair<llama_seq_id, llama_seq_id> & pad) {
-        if (pad.first < 0) {
-            return;
-        }
-        llama_memory_seq_cp(mem, pad.first, pad.second, -1, -1);
-        llama_memory_seq_rm(mem, pad.first, -1, -1);
     }
 
     // one tree draft + verify step of every active stream
     bool step_once() override {
-        const int32_t np = (int32_t) streams.size();
         std::vector<size_t> active;
         for (size_t i = 0; i < streams.size(); ++i) {
             if (!streams[i].done) {
@@ -234,7 +176,6 @@ struct tree_wave : host_wave_runner {
             st.nodes = std::move(trees[k]);
             // the rows and their path ids, tagged with the prefix by the engine
             engine.tree_kv_rows(s.seq, s.id_last, s.n_past, (int32_t) st.nodes.size(), verify_rows, verify_ids);
-            st.n_leaves = (int32_t) verify_rows[0].n_seq_id; // the anchor's: the sequence and every path id
             for (const auto & r : verify_rows) {
                 row_ids.assign(verify_ids.begin() + r.seq_id_first, verify_ids.begin() + r.seq_id_first + r.n_seq_id);
                 st.rows.push_back(batch.add(r.token, r.pos, row_ids, true));
@@ -243,21 +184,16 @@ struct tree_wave : host_wave_runner {
                 rows.push_back({ st.rows[r], s.seq, verify_rows[r].pos, false });
             }
         }
-        const auto one_pass = keep_one_pass(active, np);
+        keep_one_pass(streams[active.back()].seq);
         t = host_time_us();
         if (!tgt.try_decode(batch)) {
             // the parked cells of earlier steps filled the cache: they only keep each sequence's
             // cells in position order (as target-only lays them out); free them and decode again
             engine.tree_kv_unpark();
             stats.n_unparked += 1;
-            cells = -1;
             tgt.decode(batch);
         }
         stats.t_target_us += host_time_us() - t;
-        if (cells >= 0) {
-            cells += batch.size();
-        }
-        park_one_pass(one_pass);
         t = host_time_us();
         engine.process(rows);
         stats.t_process_us += host_time_us() - t;
