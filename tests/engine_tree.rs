@@ -595,16 +595,18 @@ fn fixture_pair_trees_are_lossless_with_the_engine_keeping_the_target_kv() {
     }
 }
 
+/// A call was refused with `status` and a message naming `needle`.
+fn refused(rc: i32, status: &str, needle: &str) {
+    assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
+    assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
+}
+
 /// The bookkeeping's calls refuse what they cannot do, with the reason, and
 /// change nothing on the target.
 #[test]
 fn bad_tree_kv_calls_are_refused_and_change_nothing() {
     let fx = fixtures();
     const LEAVES: i32 = 3;
-    let refused = |rc: i32, status: &str, needle: &str| {
-        assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
-        assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
-    };
     assert_eq!(llama_spec_dflash2_tree_kv_seq_ids(2, LEAVES), 8);
     refused(llama_spec_dflash2_tree_kv_seq_ids(-1, LEAVES), "INVALID_ARGUMENT", "n_seq");
     // contexts that cannot hold the bookkeeping
@@ -677,10 +679,6 @@ fn tree_kv_pad(spec: &Spec, n_rows: i32, n_rows_max: i32, seq_last: i32) -> (i32
 fn the_pad_row_goes_under_the_park_id_where_a_one_row_ubatch_would_split() {
     let fx = fixtures();
     const LEAVES: i32 = 3;
-    let refused = |rc: i32, status: &str, needle: &str| {
-        assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
-        assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
-    };
     let n_ids = llama_spec_dflash2_tree_kv_seq_ids(2, LEAVES);
     let mut target = unified_target(&fx.target, n_ids as u32, 2048, 512, 63);
     let short = target.tokenize("one two three", true);
@@ -1108,10 +1106,6 @@ fn bad_tree_calls_are_refused_and_change_nothing() {
     let pool: Vec<i32> = (1..5).collect();
     let (seq, id_last, n_past) = (0, streams[0].id_last, streams[0].n_past);
     let info = spec.info(seq);
-    let refused = |rc: i32, status: &str, needle: &str| {
-        assert_eq!(rc, status_code(status), "{status} '{needle}': {}", last_error());
-        assert!(last_error().contains(needle), "'{}' lacks '{needle}'", last_error());
-    };
     let unchanged = |want: &llama_spec_dflash2_seq_info| assert_eq!(&spec.info(seq), want);
 
     // no draft at all
