@@ -50,6 +50,9 @@ pub struct TreeKv {
     /// whether parked cells were freed since the sequences were last emptied
     /// (cells are then reused out of position order)
     unparked: bool,
+    /// the target's attention runs on the CPU, where ggml splits a one-row
+    /// ubatch's cells (read once: the placement does not change)
+    cpu_attention: bool,
 }
 
 impl TreeKv {
@@ -60,6 +63,20 @@ impl TreeKv {
 
     fn park(&self, k: usize) -> i32 {
         (self.slots.len() * self.n_leaves + k) as i32
+    }
+
+    fn n_parked(&self) -> usize {
+        self.slots.iter().map(|s| s.parked.len()).sum()
+    }
+
+    /// Cells in use on the target: each sequence's span (shared prompt cells
+    /// counted for each) and the parked ones.
+    fn cells_in_use(&self, target: &TargetContext) -> usize {
+        let span = |k: i32| {
+            let (p0, p1) = (target.memory_seq_pos_min(k), target.memory_seq_pos_max(k));
+            if p0 >= 0 && p1 >= p0 { (p1 - p0 + 1) as usize } else { 0 }
+        };
+        (0..self.slots.len() as i32).map(span).sum::<usize>() + self.n_parked()
     }
 }
 
@@ -109,7 +126,12 @@ impl Engine {
         if let Some(why) = why {
             return Err(Error::invalid(format!("tree KV bookkeeping: {why}")));
         }
-        self.tree_kv = Some(TreeKv { n_leaves, slots: vec![SlotKv::default(); self.seqs.len()], unparked: false });
+        self.tree_kv = Some(TreeKv {
+            n_leaves,
+            slots: vec![SlotKv::default(); self.seqs.len()],
+            unparked: false,
+            cpu_attention: self.target.devices().is_empty(),
+        });
         Ok(())
     }
 
@@ -213,26 +235,21 @@ impl Engine {
         let n_ubatch = self.target.n_ubatch() as usize;
         // a CPU target's attention: the kernels of other backends do not split a
         // one-row ubatch's cells this way
-        let one_row = self.target.devices().is_empty() && n_ubatch > 1 && n_rows % n_ubatch == 1;
+        let one_row = kv.cpu_attention && n_ubatch > 1 && n_rows % n_ubatch == 1;
         if !one_row || n_rows + 1 > n_rows_max || kv.unparked {
             return Ok(None);
         }
-        let span = |k: i32| {
-            let (p0, p1) = (self.target.memory_seq_pos_min(k), self.target.memory_seq_pos_max(k));
-            if p0 >= 0 && p1 >= p0 { (p1 - p0 + 1) as usize } else { 0 }
-        };
-        let parked: usize = kv.slots.iter().map(|s| s.parked.len()).sum();
-        let cells = (0..kv.slots.len() as i32).map(span).sum::<usize>() + parked + n_rows;
+        let cells = kv.cells_in_use(&self.target) + n_rows;
         // the last row's sequence alone, as target-only decoding holds it: its
         // committed cells and the row
-        let own = (self.target.memory_seq_pos_max(owner) + 2).max(1) as usize;
-        if cells_attended(cells) < SPLIT_KV_CELLS || cells_attended(own) >= SPLIT_KV_CELLS {
+        let next = self.target.memory_seq_pos_max(owner) + 1;
+        if cells_attended(cells) < SPLIT_KV_CELLS || cells_attended((next + 1).max(1) as usize) >= SPLIT_KV_CELLS {
             return Ok(None);
         }
         let park = kv.park(last);
         let pos = match self.target.memory_seq_pos_max(park) {
             p if p >= 0 => p + 1,
-            _ => self.target.memory_seq_pos_max(owner) + 1,
+            _ => next,
         };
         let token = self.seqs[last].history.anchor().unwrap_or(0);
         self.tree_kv_mut()?.slots[last].parked.push(pos);
@@ -255,7 +272,7 @@ impl Engine {
     /// were freed since the sequences were last emptied.
     pub fn tree_kv_parked(&self) -> Result<(usize, bool)> {
         let kv = self.tree_kv_ref()?;
-        Ok((kv.slots.iter().map(|s| s.parked.len()).sum(), kv.unparked))
+        Ok((kv.n_parked(), kv.unparked))
     }
 
     /// Whether the target's cache has free cells for `n_trees` trees of
@@ -265,13 +282,7 @@ impl Engine {
     pub fn tree_kv_room(&mut self, n_trees: usize, n_nodes: usize) -> Result<bool> {
         let kv = self.tree_kv_ref()?;
         let n_slots = kv.slots.len();
-        let spans: usize = (0..n_slots as i32)
-            .map(|k| {
-                let (p0, p1) = (self.target.memory_seq_pos_min(k), self.target.memory_seq_pos_max(k));
-                if p0 >= 0 && p1 >= p0 { (p1 - p0 + 1) as usize } else { 0 }
-            })
-            .sum();
-        let used = spans + kv.slots.iter().map(|s| s.parked.len()).sum::<usize>();
+        let used = kv.cells_in_use(&self.target);
         let need = (n_trees + 1 + n_slots) * (1 + n_nodes);
         if used + need <= self.target.tree_room().n_ctx as usize {
             return Ok(true);
