@@ -191,8 +191,9 @@ impl AdaptivePolicy {
         self.plan = self.decide(n_requests);
         if trace_policy() {
             eprintln!(
-                "TRACE plan {:?} rho {:.1} plain {:.1} loss {:.4} elapsed {:.3} verify(n) {:.4} draft(block) {:.4} p0 {:.2} p1 {:.2} p2 {:.2}",
+                "TRACE plan {:?} n {} rho {:.1} plain {:.1} loss {:.4} elapsed {:.3} verify(n) {:.4} draft(block) {:.4} p0 {:.2} p1 {:.2} p2 {:.2}",
                 self.plan,
+                n_requests,
                 self.step.rho,
                 self.plain_rate(n_requests),
                 self.loss,

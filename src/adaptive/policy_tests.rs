@@ -393,3 +393,26 @@ fn debug_trace() {
         eprintln!("draft {r}: {:.4} seen {}", p.draft.predict(r, 0.0), p.draft.seen_rows(r));
     }
 }
+
+#[test]
+fn requests_that_end_together_are_served_like_a_batch_that_runs_on() {
+    // np 4 in waves of 64-token requests: drafted sequences end apart and the
+    // last steps run one to three of them; where nothing pays the controller
+    // stays near plain steps, where drafting pays it still drafts
+    let mut report = Vec::new();
+    for name in ["cuda-3090", "cuda-4090", "metal-m4pro"] {
+        for p_accept in [0.3, 0.7] {
+            let w = World { wave: 64, ..World::shipped(name, 4, p_accept) };
+            let mut p = AdaptivePolicy::new(7);
+            let run = w.run(&mut p, 16 * 64);
+            let (ratio, best) = (run.rate() / w.plain_rate(), w.best_rate() / w.plain_rate());
+            report
+                .push(format!("{name} p {p_accept}: {ratio:.3} of plain (best fixed plan {best:.3}) {}", plans(&run)));
+            assert!(ratio >= 0.97, "{report:#?}");
+            if best > 1.5 {
+                assert!(ratio >= 1.0 + 0.5 * (best - 1.0), "{report:#?}");
+            }
+        }
+    }
+    eprintln!("{report:#?}");
+}

@@ -79,6 +79,9 @@ pub struct World {
     pub first_slowdown: f64,
     /// from this step on, drafted tokens are accepted with this probability
     pub later: Option<(usize, f64)>,
+    /// requests of this many tokens each, in waves of `n_seqs` that start
+    /// together and end when the last of them does (0: they never end)
+    pub wave: usize,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +121,7 @@ impl World {
             seed: 0,
             first_slowdown: 1.0,
             later: None,
+            wave: 0,
         }
     }
 
@@ -163,24 +167,30 @@ impl World {
             (rng >> 11) as f64 / (1u64 << 53) as f64
         };
         let mut run = Run::default();
+        let mut left = vec![usize::MAX; self.n_seqs];
         for step in 0..steps {
+            if self.wave > 0 && left.iter().all(|&l| l == 0 || l == usize::MAX) {
+                left.fill(self.wave);
+            }
+            let active: Vec<usize> = (0..self.n_seqs).filter(|&i| left[i] > 0).collect();
+            let n_seqs = active.len();
             let drift = if step >= self.drift_after { self.drift } else { 1.0 };
             let drift = if step == 0 { drift * self.first_slowdown } else { drift };
             let mut load = |x: f64| {
                 let spiked = if self.p_spike > 0.0 && uniform() < self.p_spike { self.spike } else { 1.0 };
                 x * drift * spiked
             };
-            let plan = p.begin_step(at(now), self.n_seqs);
-            let caps: Vec<usize> = (0..self.n_seqs).map(|i| plan.cap(i, self.n_max)).collect();
+            let plan = p.begin_step(at(now), n_seqs);
+            let caps: Vec<usize> = (0..n_seqs).map(|i| plan.cap(i, self.n_max)).collect();
             let width = plan.block_rows(caps.iter().copied().max().unwrap_or(0));
             let blocks = caps.iter().filter(|&&c| c > 0).count();
             match blocks {
                 0 => run.plain += 1,
-                b if b == self.n_seqs => run.all += 1,
+                b if b == n_seqs => run.all += 1,
                 _ => run.one += 1,
             }
             let mut seconds = 0.0;
-            let mut kept = vec![0; self.n_seqs];
+            let mut kept = vec![0; n_seqs];
             if blocks > 0 {
                 let rows = blocks * width;
                 let d = load(self.draft_fixed + self.draft_row * rows as f64);
@@ -193,11 +203,11 @@ impl World {
                 }
             }
             p.draft_done(at(now + seconds));
-            let rows = self.n_seqs + kept.iter().sum::<usize>();
-            seconds += load(self.target.seconds(self.n_seqs, rows));
+            let rows = n_seqs + kept.iter().sum::<usize>();
+            seconds += load(self.target.seconds(n_seqs, rows));
             p.verify_seen(at(now + seconds), rows);
             run.rows += rows;
-            for &k in &kept {
+            for (&k, &i) in kept.iter().zip(&active) {
                 let p_accept = match self.later {
                     Some((from, p)) if step >= from => p,
                     _ => self.p_accept,
@@ -210,7 +220,9 @@ impl World {
                 if k > 0 {
                     p.accepted(&vec![0.5; k], n_acc);
                 }
-                run.tokens += 1 + n_acc;
+                let gained = (1 + n_acc).min(left[i]);
+                left[i] -= if left[i] == usize::MAX { 0 } else { gained };
+                run.tokens += gained;
                 run.drafted += k;
             }
             now += seconds;
