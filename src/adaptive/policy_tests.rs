@@ -380,7 +380,9 @@ fn siblings_share_what_the_first_pick_leaves() {
     assert!((3..=17).contains(&kept), "{kept}");
 }
 
+/// A debugging aid, not a check: `cargo test --lib debug_trace -- --ignored --nocapture`.
 #[test]
+#[ignore]
 fn debug_trace() {
     let w = World { p_spike: 0.1, spike: 3.0, drift_after: 6, drift: 1.0, seed: 3, ..gpu(4, 0.6) };
     let mut p = AdaptivePolicy::new(7);

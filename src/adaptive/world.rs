@@ -167,9 +167,10 @@ impl World {
             (rng >> 11) as f64 / (1u64 << 53) as f64
         };
         let mut run = Run::default();
-        let mut left = vec![usize::MAX; self.n_seqs];
+        // tokens each sequence has left (requests that never end: as good as endless)
+        let mut left = vec![if self.wave > 0 { 0 } else { usize::MAX }; self.n_seqs];
         for step in 0..steps {
-            if self.wave > 0 && left.iter().all(|&l| l == 0 || l == usize::MAX) {
+            if left.iter().all(|&l| l == 0) {
                 left.fill(self.wave);
             }
             let active: Vec<usize> = (0..self.n_seqs).filter(|&i| left[i] > 0).collect();
@@ -221,7 +222,7 @@ impl World {
                     p.accepted(&vec![0.5; k], n_acc);
                 }
                 let gained = (1 + n_acc).min(left[i]);
-                left[i] -= if left[i] == usize::MAX { 0 } else { gained };
+                left[i] -= gained;
                 run.tokens += gained;
                 run.drafted += k;
             }
