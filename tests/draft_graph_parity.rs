@@ -205,8 +205,8 @@ fn run_script(target_path: &Path, drafter: &Path, n_seq: usize) {
         let n: Vec<usize> = (0..n_seq).map(|s| 1 + s % 3).collect();
         pair.feed(&mut target, &n, 600, true);
         let (a, b) = pair.lattices(&all, block, 601);
-        let (same_sets, max_abs, scale) = canonical_diff(&a, &b, pair.n_embd, pair.top_k as usize, block);
-        assert_close(&format!("rows of {n_seq} sequences in one injection"), &same_sets, max_abs, scale);
+        let g = agreement(&a, &b, pair.n_embd, pair.top_k as usize, block);
+        assert_close(&format!("rows of {n_seq} sequences in one injection"), &g);
     }
 
     // a context shift of the first sequence: rows 3..7 dropped, the rest moved
@@ -223,38 +223,45 @@ fn run_script(target_path: &Path, drafter: &Path, n_seq: usize) {
         });
         pair.next_pos[0] -= 4;
         let (a, b) = pair.lattices(&all, block, 400);
-        let (same_sets, max_abs, scale) = canonical_diff(&a, &b, pair.n_embd, pair.top_k as usize, block);
-        assert_close("after a shift", &same_sets, max_abs, scale);
+        let g = agreement(&a, &b, pair.n_embd, pair.top_k as usize, block);
+        assert_close("after a shift", &g);
     }
 }
 
-/// Rows whose candidate sets (and predecessors') agree, the largest score
-/// difference on them, and the largest score (the scale that summation-order
-/// error grows with: a generated drafter's scores run to 18, the fixtures'
-/// to 4).
-fn canonical_diff(a: &[f32], b: &[f32], n_embd: usize, k: usize, width: usize) -> (String, f32, f32) {
+/// How closely two lattices agree where they can be compared: the rows
+/// whose candidate sets (and predecessors') are equal, the largest score
+/// difference on them, and the largest score there (the scale summation-order
+/// error grows with: a generated drafter's scores run to 18, the fixtures' to 4).
+struct Agreement {
+    same: usize,
+    rows: usize,
+    max_abs: f32,
+    scale: f32,
+}
+
+fn agreement(a: &[f32], b: &[f32], n_embd: usize, k: usize, width: usize) -> Agreement {
     let (ca, cb) = (canonical(a, n_embd, k, width), canonical(b, n_embd, k, width));
-    let mut same = 0;
-    let (mut max_abs, mut scale) = (0.0f32, 0.0f32);
+    let mut g = Agreement { same: 0, rows: ca.len(), max_abs: 0.0, scale: 0.0 };
     for (x, y) in ca.iter().zip(&cb) {
         if x.iter().map(|c| (c.0, c.1)).eq(y.iter().map(|c| (c.0, c.1))) {
-            same += 1;
+            g.same += 1;
             for (p, q) in x.iter().zip(y) {
-                max_abs = max_abs.max((p.2 - q.2).abs());
-                scale = scale.max(p.2.abs());
+                g.max_abs = g.max_abs.max((p.2 - q.2).abs());
+                g.scale = g.scale.max(p.2.abs());
             }
         }
     }
-    (format!("{same} of {}", ca.len()), max_abs, scale)
+    g
 }
 
 /// Lattices that agree closely, not bitwise: their scores within
 /// `CLOSE` of the largest score on the rows compared.
 const CLOSE: f32 = 0.015;
 
-fn assert_close(what: &str, same_sets: &str, max_abs: f32, scale: f32) {
+fn assert_close(what: &str, g: &Agreement) {
+    let &Agreement { same, rows, max_abs, scale } = g;
     eprintln!(
-        "{what}: candidate sets equal on {same_sets} rows; largest score difference on equal sets {max_abs} (largest score {scale})"
+        "{what}: candidate sets equal on {same} of {rows} rows; largest score difference on equal sets {max_abs} (largest score {scale})"
     );
     assert!(scale > 0.0, "{what}: no row's candidate sets agree, nothing was compared");
     assert!(
