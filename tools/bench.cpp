@@ -648,10 +648,21 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
     }
     for (int32_t np : args.np_list) {
         std::vector<double> wall, cpu;
+        host_stats sum[2];
         for (int rep = 0; rep < reps; ++rep) {
             mode_host sa(ab[0], tgt, np, sizes);
             mode_host sb(ab[1], tgt_b, np, sizes);
             auto [a, b] = host_generate_lockstep(tgt, sa.waves, tgt_b, sb.waves, prompts);
+            for (int k = 0; k < 2; ++k) {
+                const host_stats & s = k == 0 ? a.stats : b.stats;
+                sum[k].n_verify_decodes += s.n_verify_decodes;
+                sum[k].n_verify_rows += s.n_verify_rows;
+                sum[k].t_total_us += s.t_total_us;
+                sum[k].t_target_us += s.t_target_us;
+                sum[k].t_draft_us += s.t_draft_us;
+                sum[k].t_process_us += s.t_process_us;
+                sum[k].t_accept_us += s.t_accept_us;
+            }
             const bool same = a.tokens == b.tokens;
             wall.push_back(b.stats.tokens_per_s() / a.stats.tokens_per_s());
             cpu.push_back(b.stats.tokens_per_cpu_s() / a.stats.tokens_per_cpu_s());
@@ -661,6 +672,18 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
                     b.stats.tokens_per_cpu_s(), (long long) b.stats.n_drafted, (long long) b.stats.n_accepted,
                     wall.back(), cpu.back(), same ? "identical" : "DIFFER");
             fflush(stdout);
+        }
+        // where each mode's generation time went, per verify decode over all repetitions: an
+        // A/B that differs in host work shows it here, not only in the ratio
+        for (int k = 0; k < 2; ++k) {
+            const host_stats & s = sum[k];
+            const double n = (double) std::max<int64_t>(1, s.n_verify_decodes);
+            const double known = (double) (s.t_target_us + s.t_draft_us + s.t_process_us + s.t_accept_us);
+            printf("np=%d %s: %lld verify decodes, %.2f rows each; us per decode: total %.0f = target %.0f + draft "
+                   "%.0f + process %.0f + accept %.0f + host %.0f\n",
+                    np, ab[k].c_str(), (long long) s.n_verify_decodes, (double) s.n_verify_rows / n, s.t_total_us / n,
+                    s.t_target_us / n, s.t_draft_us / n, s.t_process_us / n, s.t_accept_us / n,
+                    ((double) s.t_total_us - known) / n);
         }
         std::sort(wall.begin(), wall.end());
         std::sort(cpu.begin(), cpu.end());

@@ -4,7 +4,9 @@
 //! The model: a step's verify decode costs `verify(rows)` seconds for the
 //! batch's total rows (all sequences together), a noise-block decode
 //! `draft(rows)`, both curves learned online ([`StepCurve`]: flat, linear or
-//! in steps, whatever the backend does); a drafted token at position m is
+//! in steps, whatever the backend does), and a drafting step first injects
+//! the rows that waited for it (a mean: on a CPU a third of a block's
+//! decode); a drafted token at position m is
 //! accepted with P(accept | reached), learned per position and lattice-
 //! confidence bin ([`AcceptanceModel`], weighing its last `MEMORY` trials).
 //! Each step takes the plan with the most expected tokens per second:
@@ -42,11 +44,13 @@ use super::mean::Mean;
 use crate::tree::{Node, Tree};
 
 /// Share of the measured time that drafting may lose against plain steps,
-/// and plain steps' time it may lose from the start (one unlucky first draft
-/// where a draft decode is cheap must not hold drafting off for a hundred
-/// steps; where it is dear, one draft decode uses it up).
+/// and plain steps' time it may lose from the start: two, since every probe
+/// is charged what it lost as seen (one unlucky first draft where a draft
+/// decode is cheap must not hold drafting off for a hundred steps, and on a
+/// curve whose rows are dear up to 8, as an M4 Pro's, the probes that find
+/// the plan for all sequences must fit).
 const LOSS_BUDGET: f64 = 0.01;
-const LOSS_START: f64 = 1.0;
+const LOSS_START: f64 = 2.0;
 
 /// Acceptance trials each draft position weighs, and steps its trials last
 /// without new ones (a drafter that stopped paying is tried again now and
@@ -113,6 +117,8 @@ struct Step {
     rows: usize,
     draft_seconds: f64,
     draft_rows: usize,
+    /// the injection of the rows that waited for this draft
+    flush_seconds: f64,
     verify: Option<(usize, f64)>,
     /// tokens per second of the plan taken: the price of a second in the cuts
     rho: f64,
@@ -135,7 +141,10 @@ pub struct AdaptivePolicy {
     acceptance: AcceptanceModel,
     verify: StepCurve,
     draft: StepCurve,
-    /// a step's host time besides its draft and verify decodes
+    /// a drafting step's injection of the rows that waited for it (plain
+    /// steps inject 64 at a time, far cheaper per row)
+    flush: Mean,
+    /// a step's host time besides its decodes
     overhead: Mean,
     /// seconds drafting steps lost against plain steps (negative: gained),
     /// and all the seconds measured
@@ -157,6 +166,7 @@ impl AdaptivePolicy {
             acceptance: AcceptanceModel::with_memory(n_positions, MEMORY),
             verify: StepCurve::default(),
             draft: StepCurve::default(),
+            flush: Mean::default(),
             overhead: Mean::default(),
             loss: 0.0,
             elapsed: 0.0,
@@ -213,6 +223,12 @@ impl AdaptivePolicy {
         self.draft.observe(rows, seconds);
         self.step.draft_seconds += seconds;
         self.step.draft_rows += rows;
+    }
+
+    /// The rows waiting for this step's draft were injected in `seconds`.
+    pub fn flush_seen(&mut self, seconds: f64) {
+        self.flush.add(seconds);
+        self.step.flush_seconds += seconds;
     }
 
     /// The drafts were handed to the host at `now`; its verify decode follows.
@@ -316,6 +332,7 @@ impl AdaptivePolicy {
         }
         let draw = self.step.cost_draw;
         let seconds = self.overhead.value
+            + self.flush.value
             + self.draft.predict(drafting * (cap + 1), draw)
             + self.verify.predict(n + drafting * cap, draw);
         (n as f64 + drafting as f64 * gain) / seconds
@@ -325,7 +342,7 @@ impl AdaptivePolicy {
     /// lose against a plain step if nothing is accepted and the rows not
     /// seen yet cost the most they may.
     fn worst_loss(&self, n: usize, drafting: usize, cap: usize) -> f64 {
-        self.draft.predict(drafting * (cap + 1), 1.0) + self.verify.predict(n + drafting * cap, 1.0)
+        self.flush.value + self.draft.predict(drafting * (cap + 1), 1.0) + self.verify.predict(n + drafting * cap, 1.0)
             - self.verify.predict(n, 0.0)
     }
 
@@ -369,23 +386,28 @@ impl AdaptivePolicy {
 
     /// The step that began at `step.start` took `wall` seconds: learns the
     /// host's time besides the decodes, and charges a drafting step against
-    /// the rail: its decodes and host time, less what plain steps would have
+    /// the rail: its decodes (its injection too) and host time, less what plain steps would have
     /// taken to gain its tokens at the same moment (its own verify decode
     /// scaled along the curve to the plain rows: a machine slowed down, or
-    /// one slowed-down verify, slows both alike). A draft decode counts as
-    /// `SPIKE` times its prediction at most, as in the curves.
+    /// one slowed-down verify, slows both alike). A draft decode and an
+    /// injection count as `SPIKE` times their prediction at most, as in the
+    /// curves.
     fn observe_step(&mut self, wall: f64) {
         let s = &self.step;
         let Some((rows, verify)) = s.verify else { return };
-        let decodes = s.draft_seconds + verify;
+        let decodes = s.draft_seconds + s.flush_seconds + verify;
         let wall = if self.overhead.seen { wall.min(OUTLIER * (decodes + self.overhead.value)) } else { wall };
         self.overhead.add((wall - decodes).max(0.0));
         if self.plan == Plan::Plain {
             self.plain_steps += 1;
         }
         if self.plan != Plan::Plain && s.requests > 0 {
-            let draft = s.draft_seconds.min(SPIKE * self.draft.predict(s.draft_rows, 0.0));
-            let along = self.verify.predict(s.requests, 0.0) / self.verify.predict(rows, 0.0).max(f64::MIN_POSITIVE);
+            // the curves as seen (draw 1): a row count seen fewer than five
+            // times may be drawn as cheap as the one before it, which would
+            // read this step's own verify as nearly a plain one's
+            let draft = s.draft_seconds.min(SPIKE * self.draft.predict(s.draft_rows, 1.0))
+                + s.flush_seconds.min(SPIKE * self.flush.value);
+            let along = self.verify.predict(s.requests, 1.0) / self.verify.predict(rows, 1.0).max(f64::MIN_POSITIVE);
             let plain_step = self.overhead.value + verify * along.min(1.0);
             let lost = self.overhead.value + draft + verify - s.tokens as f64 / s.requests as f64 * plain_step;
             self.loss = (self.loss + lost).max(0.0);

@@ -92,6 +92,49 @@ fn where_drafting_does_not_pay_learning_stays_within_its_budget() {
     }
 }
 
+/// A 2-core CPU where a short draft would pay by itself (4 ms a draft
+/// decode, 1 ms a verify row, 60% accepted) unless the step first injects
+/// the rows that waited for it.
+fn cpu_with_flush(flush: f64) -> World {
+    World {
+        target: TargetCost::Line { step: 0.010, per_row: 0.001, jump: 0.0 },
+        draft_fixed: 0.004,
+        draft_row: 0.0002,
+        flush,
+        ..World::cpu(1, 0.6)
+    }
+}
+
+#[test]
+fn a_drafting_steps_injection_is_priced() {
+    // without the injection drafting pays, with it no draft length does
+    let (free, dear) = (cpu_with_flush(0.0), cpu_with_flush(0.005));
+    assert!(free.best_rate() > 1.15 * free.plain_rate());
+    assert!(dear.best_rate() <= dear.plain_rate() * 1.0001);
+    let mut p = AdaptivePolicy::new(7);
+    let run = free.run(&mut p, 2000);
+    assert!(run.rate() >= 1.1 * free.plain_rate(), "{:.3} of plain ({})", run.rate() / free.plain_rate(), plans(&run));
+    let mut p = AdaptivePolicy::new(7);
+    let run = dear.run(&mut p, 20_000);
+    let ratio = run.rate() / dear.plain_rate();
+    assert!(ratio >= 1.0 - 1.5 * LOSS_BUDGET, "{ratio:.4} of plain ({})", plans(&run));
+    assert!(run.plain >= 15_000, "{}", plans(&run));
+}
+
+#[test]
+fn the_rail_charges_what_drafting_lost() {
+    // nothing is accepted, so every drafting step loses what it took over a
+    // plain step; a bench-length run, where each row count is seen a few
+    // times only (and may be drawn as cheap as the one before it)
+    for w in [cpu_easy_prompt(0.0, 0.0023, 0.0036), World::cpu(1, 0.0), World::shipped("metal-m4pro", 1, 0.0)] {
+        let mut p = AdaptivePolicy::new(7);
+        let run = w.run(&mut p, 384);
+        let lost = run.seconds - run.tokens as f64 / w.plain_rate();
+        assert!(run.one + run.all >= 1, "{}", plans(&run));
+        assert!((p.loss - lost).abs() <= 0.1 * lost, "charged {:.4} s, lost {lost:.4} s ({})", p.loss, plans(&run));
+    }
+}
+
 #[test]
 fn where_drafting_pays_it_drafts_for_every_sequence() {
     for n_seqs in [1, 2, 4] {

@@ -62,6 +62,8 @@ pub struct World {
     /// a draft decode of `rows` rows: `draft_fixed` + `draft_row` each
     pub draft_fixed: f64,
     pub draft_row: f64,
+    /// a drafting step first injects the rows that waited for it
+    pub flush: f64,
     /// each drafted token is accepted with this probability while the ones
     /// before it were
     pub p_accept: f64,
@@ -112,6 +114,7 @@ impl World {
             target: TargetCost::Line { step: 0.008 + 0.002 * n_seqs as f64, per_row: 0.0015, jump: 0.0 },
             draft_fixed: 0.002,
             draft_row: 0.0035,
+            flush: 0.0,
             p_accept,
             unlucky: 0,
             p_spike: 0.0,
@@ -146,7 +149,8 @@ impl World {
     pub fn fixed_rate(&self, k: usize) -> f64 {
         let n = self.n_seqs;
         let gain: f64 = (1..=k).map(|m| self.p_accept.powi(m as i32)).sum();
-        let seconds = self.draft_fixed + self.draft_row * (n * (k + 1)) as f64 + self.target.seconds(n, n + n * k);
+        let seconds =
+            self.flush + self.draft_fixed + self.draft_row * (n * (k + 1)) as f64 + self.target.seconds(n, n + n * k);
         n as f64 * (1.0 + gain) / seconds
     }
 
@@ -193,6 +197,11 @@ impl World {
             let mut seconds = 0.0;
             let mut kept = vec![0; n_seqs];
             if blocks > 0 {
+                if self.flush > 0.0 {
+                    let f = load(self.flush);
+                    p.flush_seen(f);
+                    seconds += f;
+                }
                 let rows = blocks * width;
                 let d = load(self.draft_fixed + self.draft_row * rows as f64);
                 p.draft_decode_seen(rows, d);

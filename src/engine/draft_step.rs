@@ -118,7 +118,12 @@ impl Engine {
         if width > 0 {
             // not drafting, the rows wait: process() injects them 64 at a time,
             // far cheaper per row than a small injection decode every step
+            // (so the controller prices this one as the step's)
+            let t = Instant::now();
             self.flush()?;
+            if let Some(policy) = self.controller.policy.as_mut() {
+                policy.flush_seen(t.elapsed().as_secs_f64());
+            }
         }
         let blocks = if width > 0 { self.noise_blocks(reqs, &caps, width) } else { Vec::new() };
         Ok(Some(StepStart { caps, width, blocks }))
