@@ -28,7 +28,8 @@
 //! plain steps would have taken to gain its tokens, and a plan is only taken
 //! while what it loses at worst (nothing accepted, rows not seen yet at their
 //! dearest) keeps the charged total within `LOSS_BUDGET` of all the time
-//! measured (and `LOSS_START` plain steps). Exploration grows from cheap
+//! measured (and `LOSS_START` plain steps), and its cuts keep no more rows
+//! than that allows (a tree may keep more rows than its depth). Exploration grows from cheap
 //! plans to dear ones as the curves are seen. Gains earn no credit: a draft
 //! that stops paying (a prompt whose easy start is behind it) cannot spend
 //! what it gained before.
@@ -66,6 +67,10 @@ const YARDSTICK: u32 = 3;
 /// time at most (the prompt decode of a new sequence, a host away between
 /// requests).
 const OUTLIER: f64 = 4.0;
+
+/// Verify rows a step may take at most (a bound for the search of what the
+/// rail allows; the host's batch limits it further).
+const MOST_ROWS: usize = 4096;
 
 /// A draft decode counts as this many times its prediction at most.
 const SPIKE: f64 = 2.0;
@@ -127,6 +132,9 @@ struct Step {
     pending: usize,
     cap: usize,
     min_keep: usize,
+    /// the most verify rows the cuts may commit in all: what the rail
+    /// allows at worst (a tree may keep more rows than its depth)
+    max_rows: usize,
     /// the Thompson draw: an offset of P(accept) per position, and where
     /// row counts past the widest seen cost (0: the curve carried on, 1:
     /// proportional)
@@ -298,6 +306,9 @@ impl AdaptivePolicy {
         let base = self.verify.predict(rows, draw);
         let (mut best, mut best_k, mut gain) = (0.0, 0, 0.0);
         for (k, r) in reach.iter().enumerate() {
+            if rows + k + 1 > s.max_rows {
+                break;
+            }
             gain += r;
             let value = gain - rho * (self.verify.predict(rows + k + 1, draw) - base);
             if value > best {
@@ -346,6 +357,25 @@ impl AdaptivePolicy {
             - self.verify.predict(n, 0.0)
     }
 
+    /// The most verify rows the step's plan may take in all before what it
+    /// loses at worst (as in `worst_loss`) exceeds `allowed`: at least the
+    /// plan's own (a chain of its cap per drafting sequence), which passed.
+    fn most_rows(&self, n: usize, allowed: f64) -> usize {
+        let s = &self.step;
+        let draft = self.flush.value + self.draft.predict(s.pending * (s.cap + 1), 1.0);
+        let fits = |rows: usize| draft + self.verify.predict(rows, 1.0) - self.verify.predict(n, 0.0) <= allowed;
+        let (mut lo, mut hi) = (n + s.pending * s.cap, MOST_ROWS);
+        if fits(hi) {
+            return hi;
+        }
+        // fits(lo) or lo is the plan's own; !fits(hi)
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if fits(mid) { lo = mid } else { hi = mid }
+        }
+        lo
+    }
+
     /// What a step for `n` sequences does, and the rate it is expected at.
     fn decide(&mut self, n: usize) -> Plan {
         if n == 0 || !self.verify.seen() {
@@ -362,7 +392,7 @@ impl AdaptivePolicy {
             // nothing tells what a draft decode costs: the cheapest draft
             // that times one, a verify row and an acceptance trial
             self.turn += 1;
-            (self.step.pending, self.step.cap, self.step.min_keep) = (1, 1, 1);
+            (self.step.pending, self.step.cap, self.step.min_keep, self.step.max_rows) = (1, 1, 1, n + 1);
             return Plan::Draft { only: one, n_max: 1 };
         }
         // the rail: what drafting may still lose, against what a plan loses
@@ -380,6 +410,9 @@ impl AdaptivePolicy {
         }
         if matches!(best, Plan::Draft { only: Some(_), .. }) {
             self.turn += 1;
+        }
+        if best != Plan::Plain {
+            self.step.max_rows = self.most_rows(n, allowed);
         }
         best
     }

@@ -320,7 +320,7 @@ fn warmed(step: f64, per_row: f64, draft: f64) -> AdaptivePolicy {
         p.verify.observe(rows, step + (rows - 1) as f64 * per_row);
         p.draft.observe(8, draft);
     }
-    p.step = Step { requests: 1, tokens: 1, rows: 1, offsets: vec![0.0; 7], ..Step::default() };
+    p.step = Step { requests: 1, tokens: 1, rows: 1, offsets: vec![0.0; 7], max_rows: MOST_ROWS, ..Step::default() };
     p.step.rho = p.plain_rate(1);
     p
 }
@@ -460,4 +460,26 @@ fn requests_that_end_together_are_served_like_a_batch_that_runs_on() {
         }
     }
     eprintln!("{report:#?}");
+}
+
+#[test]
+fn a_draft_keeps_no_more_rows_than_the_rail_allows() {
+    // rows seen up to 8 and nearly free there; past them the draw may say
+    // flat, but a step may only take what it would lose at worst within
+    // the budget (a tree of 200 nodes once took 239 rows where 20 were seen)
+    let mut p = warmed(0.020, 1e-6, 0.002);
+    for _ in 0..200 {
+        p.acceptance.observe(&[0.9; 7], 7);
+    }
+    (p.plain_steps, p.elapsed) = (YARDSTICK, 1.0);
+    let now = Instant::now();
+    for i in 0..50 {
+        let plan = p.begin_step(now + std::time::Duration::from_millis(20 * i), 1);
+        assert_ne!(plan, Plan::Plain);
+        let kept = p.keep(&[0.9; 200]);
+        // allowed: 0.01 x 1 s + 2 plain steps of 0.02 s; at worst a row
+        // past 8 costs 0.02 / 8 s, a draft decode 0.002 s: 27 rows in all
+        assert!((7..=26).contains(&kept), "kept {kept}");
+        p.step.verify = None;
+    }
 }
