@@ -6,12 +6,12 @@
 //! `draft(rows)`, both curves learned online ([`StepCurve`]: flat, linear or
 //! in steps, whatever the backend does), and a drafting step first injects
 //! the rows that waited for it (a mean: on a CPU a third of a block's
-//! decode); a drafted token at position m is
-//! accepted with P(accept | reached), learned per position and lattice-
-//! confidence bin ([`AcceptanceModel`], weighing its last `MEMORY` trials).
-//! Each step takes the plan with the most expected tokens per second:
-//! no draft, one sequence (in turn) drafting, or every sequence drafting, each
-//! at every draft length. Its rate rho is then the price of time: a draft (a
+//! decode); a drafted token at position m is accepted with P(accept |
+//! reached), learned per position and lattice-confidence bin
+//! ([`AcceptanceModel`], weighing its last `MEMORY` trials). Each step
+//! takes the plan with the most expected tokens per second: no draft, one
+//! sequence (in turn) drafting, or every sequence drafting, each at every
+//! draft length. Its rate rho is then the price of time: a draft (a
 //! chain or a tree in best-first order) keeps the first k tokens that
 //! maximize expected accepted tokens - rho * (verify(R + k) - verify(R)),
 //! R the rows the step's earlier cuts committed. On a curve flat from 8 to
@@ -29,10 +29,10 @@
 //! while what it loses at worst (nothing accepted, rows not seen yet at their
 //! dearest) keeps the charged total within `LOSS_BUDGET` of all the time
 //! measured (and `LOSS_START` plain steps), and its cuts keep no more rows
-//! than that allows (a tree may keep more rows than its depth). Exploration grows from cheap
-//! plans to dear ones as the curves are seen. Gains earn no credit: a draft
-//! that stops paying (a prompt whose easy start is behind it) cannot spend
-//! what it gained before.
+//! than that allows (a tree may keep more rows than its depth). Exploration
+//! grows from cheap plans to dear ones as the curves are seen. Gains earn no
+//! credit: a draft that stops paying (a prompt whose easy start is behind
+//! it) cannot spend what it gained before.
 //!
 //! The engine reports what happened (with the time it happened) and asks;
 //! the policy keeps its own clocks.
@@ -419,12 +419,12 @@ impl AdaptivePolicy {
 
     /// The step that began at `step.start` took `wall` seconds: learns the
     /// host's time besides the decodes, and charges a drafting step against
-    /// the rail: its decodes (its injection too) and host time, less what plain steps would have
-    /// taken to gain its tokens at the same moment (its own verify decode
-    /// scaled along the curve to the plain rows: a machine slowed down, or
-    /// one slowed-down verify, slows both alike). A draft decode and an
-    /// injection count as `SPIKE` times their prediction at most, as in the
-    /// curves.
+    /// the rail: its decodes (its injection too) and host time, less what
+    /// plain steps would have taken to gain its tokens at the same moment
+    /// (its own verify decode scaled along the curve to the plain rows: a
+    /// machine slowed down, or one slowed-down verify, slows both alike). A
+    /// draft decode and an injection count as `SPIKE` times their prediction
+    /// at most, as in the curves.
     fn observe_step(&mut self, wall: f64) {
         let s = &self.step;
         let Some((rows, verify)) = s.verify else { return };
