@@ -350,21 +350,20 @@ impl AdaptivePolicy {
     }
 
     /// The seconds `drafting` of `n` sequences drafting `cap` tokens each
-    /// lose against a plain step if nothing is accepted and the rows not
-    /// seen yet cost the most they may.
-    fn worst_loss(&self, n: usize, drafting: usize, cap: usize) -> f64 {
-        self.flush.value + self.draft.predict(drafting * (cap + 1), 1.0) + self.verify.predict(n + drafting * cap, 1.0)
+    /// lose against a plain step if nothing is accepted, the verify takes
+    /// `rows` rows in all and the rows not seen yet cost the most they may.
+    fn worst_loss(&self, n: usize, drafting: usize, cap: usize, rows: usize) -> f64 {
+        self.flush.value + self.draft.predict(drafting * (cap + 1), 1.0) + self.verify.predict(rows, 1.0)
             - self.verify.predict(n, 0.0)
     }
 
     /// The most verify rows the step's plan may take in all before what it
-    /// loses at worst (as in `worst_loss`) exceeds `allowed`: at least the
-    /// plan's own (a chain of its cap per drafting sequence), which passed.
+    /// loses at worst exceeds `allowed`: at least the plan's own (a chain of
+    /// its cap per drafting sequence), which passed.
     fn most_rows(&self, n: usize, allowed: f64) -> usize {
-        let s = &self.step;
-        let draft = self.flush.value + self.draft.predict(s.pending * (s.cap + 1), 1.0);
-        let fits = |rows: usize| draft + self.verify.predict(rows, 1.0) - self.verify.predict(n, 0.0) <= allowed;
-        let (mut lo, mut hi) = (n + s.pending * s.cap, MOST_ROWS);
+        let (drafting, cap) = (self.step.pending, self.step.cap);
+        let fits = |rows: usize| self.worst_loss(n, drafting, cap, rows) <= allowed;
+        let (mut lo, mut hi) = (n + drafting * cap, MOST_ROWS);
         if fits(hi) {
             return hi;
         }
@@ -402,7 +401,7 @@ impl AdaptivePolicy {
         for (only, drafting) in [(one, 1), (None, n)] {
             for cap in 1..=self.n_positions {
                 let rate = self.drafting_rate(n, drafting, cap);
-                if rate > self.step.rho && self.worst_loss(n, drafting, cap) <= allowed {
+                if rate > self.step.rho && self.worst_loss(n, drafting, cap, n + drafting * cap) <= allowed {
                     (best, self.step.rho) = (Plan::Draft { only, n_max: cap }, rate);
                     (self.step.pending, self.step.cap) = (drafting, cap);
                 }
