@@ -27,9 +27,12 @@
 //! One safety rail: every drafting step is charged its time minus what
 //! plain steps would have taken to gain its tokens, and a plan is only taken
 //! while what it loses at worst (nothing accepted, rows not seen yet at their
-//! dearest) keeps the charged total within `LOSS_BUDGET` of all the time
-//! measured (and `LOSS_START` plain steps), and its cuts keep no more rows
-//! than that allows (a tree may keep more rows than its depth). Exploration
+//! dearest) keeps the charged total within `LOSS_BUDGET` of the time
+//! measured (a quarter of it in steps whose draw found no plan that beats
+//! plain steps) and `LOSS_START` plain steps, and its cuts keep no more
+//! rows than that allows (a tree may keep more rows than its depth). A
+//! plain step is priced with the recent median of the host's time between
+//! decodes (a host away now and then does not make it dearer). Exploration
 //! grows from cheap plans to dear ones as the curves are seen. Gains earn no
 //! credit: a draft that stops paying (a prompt whose easy start is behind
 //! it) cannot spend what it gained before.
@@ -41,7 +44,7 @@ use std::time::Instant;
 
 use super::AcceptanceModel;
 use super::curve::StepCurve;
-use super::mean::Mean;
+use super::mean::{Mean, RecentMedian};
 use crate::tree::{Node, Tree};
 
 /// Share of the measured time that drafting may lose against plain steps,
@@ -49,8 +52,13 @@ use crate::tree::{Node, Tree};
 /// is charged what it lost as seen (one unlucky first draft where a draft
 /// decode is cheap must not hold drafting off for a hundred steps, and on a
 /// curve whose rows are dear up to 8, as an M4 Pro's, the probes that find
-/// the plan for all sequences must fit).
-const LOSS_BUDGET: f64 = 0.01;
+/// the plan for all sequences must fit). A step whose draw found no plan
+/// that beats plain steps earns `HOPELESS` of its share: where the
+/// posterior says drafting loses (a CPU whose verify rows and draft decodes
+/// are dear), probes come a quarter as often; a drafter that starts paying
+/// later is still found.
+const LOSS_BUDGET: f64 = 0.015;
+const HOPELESS: f64 = 0.25;
 const LOSS_START: f64 = 2.0;
 
 /// Acceptance trials each draft position weighs, and steps its trials last
@@ -140,6 +148,8 @@ struct Step {
     /// proportional)
     offsets: Vec<f64>,
     cost_draw: f64,
+    /// whether the draw found a plan that beats plain steps (the rail aside)
+    hopeful: bool,
 }
 
 /// The decisions of one engine.
@@ -152,12 +162,18 @@ pub struct AdaptivePolicy {
     /// a drafting step's injection of the rows that waited for it (plain
     /// steps inject 64 at a time, far cheaper per row)
     flush: Mean,
-    /// a step's host time besides its decodes
-    overhead: Mean,
+    /// a step's host time besides its decodes: the recent median, since a
+    /// host away now and then (between requests, another job's turn) would
+    /// make every step's price dearer in a mean and credit each drafted
+    /// token with host time plain steps would not have spent
+    overhead: RecentMedian,
     /// seconds drafting steps lost against plain steps (negative: gained),
     /// and all the seconds measured
     loss: f64,
     elapsed: f64,
+    /// the seconds of the steps whose draw found a plan that beats plain
+    /// steps (the budget's full share accrues in them)
+    hopeful: f64,
     /// the request the next one-sequence plan drafts for
     turn: usize,
     plain_steps: u32,
@@ -175,9 +191,10 @@ impl AdaptivePolicy {
             verify: StepCurve::default(),
             draft: StepCurve::default(),
             flush: Mean::default(),
-            overhead: Mean::default(),
+            overhead: RecentMedian::default(),
             loss: 0.0,
             elapsed: 0.0,
+            hopeful: 0.0,
             turn: 0,
             plain_steps: 0,
             rng: 0x2545_f491_4f6c_dd1d,
@@ -396,11 +413,13 @@ impl AdaptivePolicy {
         }
         // the rail: what drafting may still lose, against what a plan loses
         // at worst (nothing accepted, rows not seen yet at their dearest)
-        let allowed = LOSS_BUDGET * self.elapsed + LOSS_START * n as f64 / plain - self.loss;
+        let earned = self.hopeful + HOPELESS * (self.elapsed - self.hopeful);
+        let allowed = LOSS_BUDGET * earned + LOSS_START * n as f64 / plain - self.loss;
         let mut best = Plan::Plain;
         for (only, drafting) in [(one, 1), (None, n)] {
             for cap in 1..=self.n_positions {
                 let rate = self.drafting_rate(n, drafting, cap);
+                self.step.hopeful |= rate > plain;
                 if rate > self.step.rho && self.worst_loss(n, drafting, cap, n + drafting * cap) <= allowed {
                     (best, self.step.rho) = (Plan::Draft { only, n_max: cap }, rate);
                     (self.step.pending, self.step.cap) = (drafting, cap);
@@ -428,8 +447,8 @@ impl AdaptivePolicy {
         let s = &self.step;
         let Some((rows, verify)) = s.verify else { return };
         let decodes = s.draft_seconds + s.flush_seconds + verify;
-        let wall = if self.overhead.seen { wall.min(OUTLIER * (decodes + self.overhead.value)) } else { wall };
         self.overhead.add((wall - decodes).max(0.0));
+        let wall = wall.min(OUTLIER * (decodes + self.overhead.value));
         if self.plan == Plan::Plain {
             self.plain_steps += 1;
         }
@@ -451,6 +470,9 @@ impl AdaptivePolicy {
             }
         }
         self.elapsed += wall;
+        if s.hopeful {
+            self.hopeful += wall;
+        }
     }
 
     /// A standard normal draw (Box-Muller over xorshift64).

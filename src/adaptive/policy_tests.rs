@@ -136,6 +136,21 @@ fn the_rail_charges_what_drafting_lost() {
 }
 
 #[test]
+fn a_host_away_now_and_then_does_not_credit_drafting() {
+    // a lockstep A/B: every 16th step the other host runs 16 steps; a mean
+    // of host time would price every plain step 3 ms dearer, and credit
+    // each accepted token with it
+    let w = World { away_every: 16, away: 16.0 * 0.019, ..cpu_one_thread(1, 0.7) };
+    assert!(w.best_rate() <= w.plain_rate() * 1.0001);
+    let mut p = AdaptivePolicy::new(7);
+    let run = w.run(&mut p, 1000);
+    let lost = run.seconds - run.tokens as f64 / w.plain_rate();
+    assert!(run.one + run.all >= 1, "{}", plans(&run));
+    assert!((p.loss - lost).abs() <= 0.15 * lost, "charged {:.4} s, lost {lost:.4} s ({})", p.loss, plans(&run));
+    assert!(p.overhead.value < 0.001, "{}", p.overhead.value);
+}
+
+#[test]
 fn where_drafting_pays_it_drafts_for_every_sequence() {
     for n_seqs in [1, 2, 4] {
         for w in [gpu(n_seqs, 0.7), World::shipped("cuda-3090", n_seqs, 0.8)] {
@@ -471,15 +486,52 @@ fn a_draft_keeps_no_more_rows_than_the_rail_allows() {
     for _ in 0..200 {
         p.acceptance.observe(&[0.9; 7], 7);
     }
-    (p.plain_steps, p.elapsed) = (YARDSTICK, 1.0);
+    (p.plain_steps, p.elapsed, p.hopeful) = (YARDSTICK, 1.0, 1.0);
     let now = Instant::now();
     for i in 0..50 {
         let plan = p.begin_step(now + std::time::Duration::from_millis(20 * i), 1);
         assert_ne!(plan, Plan::Plain);
         let kept = p.keep(&[0.9; 200]);
-        // allowed: 0.01 x 1 s + 2 plain steps of 0.02 s; at worst a row
-        // past 8 costs 0.02 / 8 s, a draft decode 0.002 s: 27 rows in all
-        assert!((7..=26).contains(&kept), "kept {kept}");
+        // allowed: LOSS_BUDGET x 1 s + 2 plain steps of 0.02 s; at worst a
+        // row past 8 costs 0.02 / 8 s, a draft decode 0.002 s (27 rows in
+        // all at a budget of 0.01), less the anchor's
+        let most = 8 + ((LOSS_BUDGET + LOSS_START * 0.020 - 0.002) / (0.020 / 8.0)) as usize - 1;
+        assert!((7..=most).contains(&kept), "kept {kept} of at most {most}");
         p.step.verify = None;
+    }
+}
+
+/// SmolLM2-135M on this 2-core CPU as traced (2026-12-06): a one-row step
+/// 17.5 ms, a verify row 8.7 ms more, a draft decode 8.5 ms + 0.4 ms a row,
+/// the injection of the waiting rows 1 ms: no draft pays, even one
+/// accepted every time.
+fn cpu_two_cores(p_accept: f64, seed: u64) -> World {
+    World {
+        target: TargetCost::Line { step: 0.0175, per_row: 0.0087, jump: 0.0 },
+        draft_fixed: 0.0085,
+        draft_row: 0.0004,
+        flush: 0.001,
+        seed,
+        ..World::cpu(1, p_accept)
+    }
+}
+
+#[test]
+fn where_the_posterior_says_drafting_loses_probes_are_rare() {
+    // a bench repetition (8 prompts x 48 tokens) on a fresh engine: the
+    // start's allowance and the budget are all it loses; with the budget
+    // earned at full rate in every step, 0.988-0.991 of plain on average
+    for p_accept in [0.6, 0.7, 0.8] {
+        let mut ratios = Vec::new();
+        for seed in 0..20 {
+            let w = cpu_two_cores(p_accept, seed);
+            assert!(w.best_rate() <= w.plain_rate() * 1.0001);
+            let mut p = AdaptivePolicy::new(7);
+            let run = w.run(&mut p, 384);
+            assert!(run.one + run.all >= 1, "it keeps learning: {}", plans(&run));
+            ratios.push(run.rate() / w.plain_rate());
+        }
+        let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        assert!(mean >= 0.991, "p {p_accept}: {mean:.4} of plain on average ({ratios:.4?})");
     }
 }

@@ -84,6 +84,10 @@ pub struct World {
     /// requests of this many tokens each, in waves of `n_seqs` that start
     /// together and end when the last of them does (0: they never end)
     pub wave: usize,
+    /// every `away_every`-th step (0: never) the host is away `away` seconds
+    /// before the next one (another job's turn): not the run's time
+    pub away_every: usize,
+    pub away: f64,
 }
 
 #[derive(Debug, Default)]
@@ -125,6 +129,8 @@ impl World {
             first_slowdown: 1.0,
             later: None,
             wave: 0,
+            away_every: 0,
+            away: 0.0,
         }
     }
 
@@ -171,6 +177,7 @@ impl World {
             (rng >> 11) as f64 / (1u64 << 53) as f64
         };
         let mut run = Run::default();
+        let mut away = 0.0;
         // tokens each sequence has left (requests that never end: as good as endless)
         let mut left = vec![if self.wave > 0 { 0 } else { usize::MAX }; self.n_seqs];
         for step in 0..steps {
@@ -236,8 +243,12 @@ impl World {
                 run.drafted += k;
             }
             now += seconds;
+            if self.away_every > 0 && (step + 1) % self.away_every == 0 {
+                now += self.away;
+                away += self.away;
+            }
         }
-        run.seconds = now;
+        run.seconds = now - away;
         run
     }
 }
