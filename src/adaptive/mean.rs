@@ -35,7 +35,6 @@ const WINDOW: usize = 15;
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct RecentMedian {
     pub(super) value: f64,
-    pub(super) seen: bool,
     recent: [f64; WINDOW],
     count: usize,
 }
@@ -48,7 +47,6 @@ impl RecentMedian {
         let mut sorted = self.recent;
         sorted[..n].sort_by(f64::total_cmp);
         self.value = if n % 2 == 1 { sorted[n / 2] } else { 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]) };
-        self.seen = true;
     }
 }
 
