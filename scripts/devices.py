@@ -648,6 +648,7 @@ def image_chat(server, text):
 # ------------------------------------------------- -sm tensor chat (issue 43)
 
 CHAT_PROMPTS_FILE = os.path.join(ROOT, "tools", "prompts", "chat-varied.txt")
+QUICK_CHAT = (0, 2, 4, 7)  # the lines of CHAT_PROMPTS_FILE that --quick sends
 # a chat client's request: the template applied by the server, its prompt cache on
 CHAT_BODY = {"temperature": 0, "max_tokens": 24}
 POISON = r"""
@@ -684,6 +685,19 @@ def poison(rpc):
     subprocess.check_call([sys.executable, "-c", POISON, lib] + [s.endpoint for s in rpc.servers], timeout=120)
 
 
+def chat_prompts():
+    """The chat prompts; --quick (CI) asks four of them, short to long, the longest
+    (a prompt of several ubatches) among them."""
+    prompts = [l.strip() for l in open(CHAT_PROMPTS_FILE) if l.strip()]
+    if not ARGS.quick:
+        return CHAT_PROMPTS_FILE, prompts
+    prompts = [prompts[i] for i in QUICK_CHAT]
+    path = os.path.join(ARGS.workdir, "chat-quick.txt")
+    with open(path, "w") as out:
+        out.write("".join(p + "\n" for p in prompts))
+    return path, prompts
+
+
 def chat_client(server, prompt):
     body = {"messages": [{"role": "user", "content": prompt}], **CHAT_BODY}
     res = server.request("POST", "/v1/chat/completions", body, timeout=1800)
@@ -704,7 +718,7 @@ def tensor_chat(placement, rpc, configs):
     sent by a chat client (the template applied, the prompt cache on), one at a time:
     every answer must equal the no-drafter server's (same flags); at np 4 also four at
     once, counted against it (see below why not checked)."""
-    prompts = [l.strip() for l in open(CHAT_PROMPTS_FILE) if l.strip()]
+    _, prompts = chat_prompts()
 
     def serve(name, np_, extra):
         # one unified KV cache everywhere: the slots' trees need it, and the reference decodes on the same;
@@ -782,7 +796,7 @@ def tensor_chat_library(placement, rpc, nps):
     extra = ["--np", ",".join(map(str, nps)), "--modes", "ar,dflash2,dflash2-auto", "--n-predict", "24",
              "-ub", "63"]
     name = f"{placement.name}-chat".replace(" ", "_").replace("/", "_")
-    code, res, text = run_bench(placement, rpc, extra, name, CHAT_PROMPTS_FILE)
+    code, res, text = run_bench(placement, rpc, extra, name, chat_prompts()[0])
     if not check(f"library {placement.name} chat", code == 0, f"dflash2-bench exited {code}:\n{text[-1500:]}"):
         return
     for np_ in nps:
@@ -861,7 +875,8 @@ def tensor_split_distribution(placement, rpc):
     position; the same test tells T = 0.8 from T = 0.3, so it can fail (the fixture's
     random logits are flatter than a trained model's: T 0.5 is too close to tell)."""
     target, draft = fixture_pair()
-    ts.DIST_SEEDS = 400  # the fixture model answers in milliseconds
+    # the fixture model answers in milliseconds, but the server's round trips add up on CI's 2 cores
+    ts.DIST_SEEDS = 150 if ARGS.quick else 400
     common = ["-np", "1", "-c", "1024"]
     ref_rpc = Rpc(placement.n_rpc)
     ref = start("reference", ref_rpc.flag() + placement.server_flags(False) + common, placement, target)
@@ -954,27 +969,31 @@ def main():
     start_t = time.time()
 
     n_predict = 24
+    # --quick (CI): the library's rows on two of the four prompts (every placement alike:
+    # their tau is compared across placements)
+    n_prompts = 2 if ARGS.quick else 4
     # dflash2 runs the library's own draft graph, dflash2-libllama libllama's: compared per placement
     chain_modes = ["upstream", "dflash2", "dflash2-libllama", "dflash2-tree"]
     # the CPU-only run first: every other placement's tau is compared with it
-    run_step("library cpu", with_rpc, cpu(), library_rows, [1, 4], chain_modes, n_predict)
+    run_step("library cpu", with_rpc, cpu(), library_rows, [1, 4], chain_modes, n_predict, n_prompts=n_prompts)
     for p in rpc_placements():
         modes = chain_modes if p.draft is None else ["dflash2", "dflash2-libllama", "dflash2-tree"]
-        run_step(f"library {p.name}", with_rpc, p, library_rows, [1, 4], modes, n_predict)
+        run_step(f"library {p.name}", with_rpc, p, library_rows, [1, 4], modes, n_predict, n_prompts=n_prompts)
     for p in (cpu(), rpc_placements()[0]):
         run_step(f"library {p.name} T=0.8", with_rpc, p, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict,
-                 temp=0.8)
+                 temp=0.8, n_prompts=n_prompts)
     # -sm tensor: SmolLM2 (its head whole on each node) and the fixture pair (a head in slices)
     tp = tensor_placement()
-    run_step(f"library {tp.name}", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict)
+    run_step(f"library {tp.name}", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"], n_predict,
+             n_prompts=n_prompts)
     run_step("library rpc2, fixture pair", with_rpc, rpc_placements()[0], library_rows, [1, 4],
-             ["dflash2", "dflash2-tree"], n_predict, pair=fixture_pair())
+             ["dflash2", "dflash2-tree"], n_predict, pair=fixture_pair(), n_prompts=n_prompts)
     run_step(f"library {tp.name}, head in slices", with_rpc, tp, library_rows, [1, 4], ["dflash2", "dflash2-tree"],
-             n_predict, pair=fixture_pair())
+             n_predict, pair=fixture_pair(), n_prompts=n_prompts)
     run_step(f"library {tp.name}: upstream", upstream_on_tensor_split)
     tc = tensor_cpu_placement()
     run_step(f"library {tc.name}, head in slices", with_rpc, tc, library_rows, [1, 4], ["dflash2", "dflash2-tree"],
-             n_predict, pair=fixture_pair())
+             n_predict, pair=fixture_pair(), n_prompts=n_prompts)
     run_step("server rpc2 np 1", with_rpc, rpc_placements()[0], server_rows, 4, n_predict)
     run_step("server rpc2 np 4 chains", with_rpc, rpc_placements()[0], server_rows, 4, n_predict, np_=4)
     run_step("server rpc2 np 4 trees", with_rpc, rpc_placements()[0], server_rows, 4, n_predict, np_=4, tree=7,
@@ -992,9 +1011,14 @@ def main():
     if not ARGS.quick:
         walks.append(("greedy chains", greedy + ["--spec-dflash2-tree", "0"]))
     chat_configs = [(walk, np_, extra) for np_ in (1, 4) for walk, extra in walks]
-    for p in (tp, tensor_cpu_server_placement()):
-        run_step(f"server {p.name} chat", with_rpc, p, tensor_chat, chat_configs)
-    for p in (tp, tc):
+    run_step(f"server {tp.name} chat", with_rpc, tp, tensor_chat, chat_configs)
+    # --quick (CI's 90 minutes): with CPU layers, the server's controller and greedy trees
+    # but not its chains, and not the library's chat; every walk and the library's chat
+    # run on the same split without CPU layers
+    cpu_configs = [c for c in chat_configs if not ARGS.quick or c[0] != "chains"]
+    run_step(f"server {tensor_cpu_server_placement().name} chat", with_rpc, tensor_cpu_server_placement(),
+             tensor_chat, cpu_configs)
+    for p in (tp, tc) if not ARGS.quick else (tp,):
         run_step(f"library {p.name} chat", with_rpc, p, tensor_chat_library, [1, 4])
     run_step("upstream with the drafter off the head", upstream_vs_dflash2_drafter_off_the_head)
     run_step("fault: RPC killed under the server", fault_rpc_killed_under_the_server)

@@ -26,9 +26,11 @@ target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import js
 # with --target (CARGO_BUILD_TARGET) cargo puts the artifacts under the triple's folder
 built="$target_dir/${CARGO_BUILD_TARGET:+$CARGO_BUILD_TARGET/}release"
 install -d "$prefix/lib" "$prefix/include"
-install -m 755 "$built/libdflash2.so" "$prefix/lib/libdflash2.so"
-install -m 644 "$built/libdflash2.a" "$prefix/lib/libdflash2.a"
-install -m 644 include/dflash2.h "$prefix/include/dflash2.h"
-install -m 644 include/dflash2.hpp "$prefix/include/dflash2.hpp"
+# -C: a file whose contents did not change keeps its time stamp, so what builds against
+# this prefix (the server, the tools) does not compile again
+install -C -m 755 "$built/libdflash2.so" "$prefix/lib/libdflash2.so"
+install -C -m 644 "$built/libdflash2.a" "$prefix/lib/libdflash2.a"
+install -C -m 644 include/dflash2.h "$prefix/include/dflash2.h"
+install -C -m 644 include/dflash2.hpp "$prefix/include/dflash2.hpp"
 cmake -DPREFIX="$prefix" -DDFLASH2_LLAMA_PREFIX="$llama_prefix" -DVERSION="$version" -P cmake/install.cmake
 echo "$prefix"

@@ -11,7 +11,7 @@
 #
 #   scripts/reliability.sh [--quick] [--seconds N] [--skip fuzz,soak,asan,ubsan,valgrind,server,statistics,devices,server-suite] [TARGET...]
 #
-# --quick (part of scripts/test.sh, which CI runs on 2 cores): 30 s per fuzz
+# --quick (scripts/test.sh runs its soak and asan parts, with --skip fuzz,server): 30 s per fuzz
 # target, a 200-step soak, the API-surface Rust tests and the C tests but the
 # SmolLM2 parity and benchmark smokes under ASan (the C ones also under UBSan),
 # and a 1-minute server load. Not the 500-step soak: 250 steps took 412 s on a
@@ -46,83 +46,90 @@ while [ $# -gt 0 ]; do
 done
 [ ${#targets[@]} -gt 0 ] || targets=(gguf_reader checkpoint drafter_load state_blob api_sequence)
 
-if ! rustup toolchain list | grep -q '^nightly'; then
-    echo "[reliability] installing the nightly toolchain (libFuzzer needs it): rustup toolchain install nightly" >&2
-    rustup toolchain install nightly --profile minimal >&2
-fi
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    echo "[reliability] installing cargo-fuzz: cargo +nightly install cargo-fuzz --locked" >&2
-    cargo +nightly install cargo-fuzz --locked >&2
-fi
+[[ $skip == *,fuzz,* ]] && targets=()
 
 DFLASH2_LLAMA_PREFIX=$(scripts/llama-cpp.sh build)
 export DFLASH2_LLAMA_PREFIX
-corpus="$root/target/fuzz-corpus"
-mkdir -p "$corpus"
-
-# seeds: the fixtures' GGUF files for the readers, real blobs for the state fuzzer
-fixtures="$corpus/fixtures"
-[ -f "$fixtures/drafter.gguf" ] || cargo run -q --release -p dflash2-fixtures -- set "$fixtures" >/dev/null
-for t in gguf_reader checkpoint; do
-    mkdir -p "$corpus/$t"
-    find "$fixtures" -name '*.gguf' -size -256k -exec cp -n {} "$corpus/$t/" \;
-done
-# the drafter loader: the fixture target's own drafters (they load on it)
-mkdir -p "$corpus/drafter_load"
-find "$fixtures" -maxdepth 1 -name 'drafter*.gguf' -size -256k -exec cp -n {} "$corpus/drafter_load/" \;
-max_len=$(find "$corpus/checkpoint" -type f -printf '%s\n' | sort -n | tail -1)
-
-cd fuzz
-cargo +nightly fuzz build --release 2>&1 | tail -2 >&2
-if [ ! -d "$corpus/state_blob" ] || [ -z "$(ls -A "$corpus/state_blob" 2>/dev/null)" ]; then
-    DFLASH2_FUZZ_WRITE_SEEDS="$corpus/state_blob" cargo +nightly fuzz run --release state_blob -- -runs=1 >/dev/null 2>&1
-fi
-
 status=0
 summary=()
-[[ $skip == *,fuzz,* ]] && targets=()
-for t in "${targets[@]}"; do
-    mkdir -p "$corpus/$t"
-    log="$root/target/fuzz-$t.log"
-    extra=()
-    [ "$t" = checkpoint ] || [ "$t" = gguf_reader ] && extra+=(-max_len="$max_len")
-    echo "== fuzz $t for ${seconds}s" >&2
-    t0=$SECONDS
-    set +e
-    # the inputs that once found a defect first, each run once (fuzz/regressions/README.md)
-    regressions=0
-    if [ -d "regressions/$t" ]; then
-        regressions=$(find "regressions/$t" -type f | wc -l)
-        if ! cargo +nightly fuzz run --release "$t" $(find "regressions/$t" -type f | sort) >"$log.regressions" 2>&1; then
-            line="$t: regression inputs FAILED (see $log.regressions)"
-            echo "$line" >&2
-            summary+=("$line")
-            status=1
-            set -e
-            continue
+# the fuzzers (none when --skip fuzz: then neither cargo-fuzz nor their build)
+fuzz() {
+    if ! rustup toolchain list | grep -q '^nightly'; then
+        echo "[reliability] installing the nightly toolchain (libFuzzer needs it): rustup toolchain install nightly" >&2
+        rustup toolchain install nightly --profile minimal >&2
+    fi
+    if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+        echo "[reliability] installing cargo-fuzz: cargo +nightly install cargo-fuzz --locked" >&2
+        cargo +nightly install cargo-fuzz --locked >&2
+    fi
+    corpus="$root/target/fuzz-corpus"
+    mkdir -p "$corpus"
+
+    # seeds: the fixtures' GGUF files for the readers, real blobs for the state fuzzer
+    fixtures="$corpus/fixtures"
+    [ -f "$fixtures/drafter.gguf" ] || cargo run -q --release -p dflash2-fixtures -- set "$fixtures" >/dev/null
+    for t in gguf_reader checkpoint; do
+        mkdir -p "$corpus/$t"
+        find "$fixtures" -name '*.gguf' -size -256k -exec cp -n {} "$corpus/$t/" \;
+    done
+    # the drafter loader: the fixture target's own drafters (they load on it)
+    mkdir -p "$corpus/drafter_load"
+    find "$fixtures" -maxdepth 1 -name 'drafter*.gguf' -size -256k -exec cp -n {} "$corpus/drafter_load/" \;
+    max_len=$(find "$corpus/checkpoint" -type f -printf '%s\n' | sort -n | tail -1)
+
+    cd fuzz
+    cargo +nightly fuzz build --release 2>&1 | tail -2 >&2
+    if [ ! -d "$corpus/state_blob" ] || [ -z "$(ls -A "$corpus/state_blob" 2>/dev/null)" ]; then
+        DFLASH2_FUZZ_WRITE_SEEDS="$corpus/state_blob" cargo +nightly fuzz run --release state_blob -- -runs=1 >/dev/null 2>&1
+    fi
+
+    for t in "${targets[@]}"; do
+        mkdir -p "$corpus/$t"
+        log="$root/target/fuzz-$t.log"
+        extra=()
+        [ "$t" = checkpoint ] || [ "$t" = gguf_reader ] && extra+=(-max_len="$max_len")
+        echo "== fuzz $t for ${seconds}s" >&2
+        t0=$SECONDS
+        set +e
+        # the inputs that once found a defect first, each run once (fuzz/regressions/README.md)
+        regressions=0
+        if [ -d "regressions/$t" ]; then
+            regressions=$(find "regressions/$t" -type f | wc -l)
+            if ! cargo +nightly fuzz run --release "$t" $(find "regressions/$t" -type f | sort) >"$log.regressions" 2>&1; then
+                line="$t: regression inputs FAILED (see $log.regressions)"
+                echo "$line" >&2
+                summary+=("$line")
+                status=1
+                set -e
+                continue
+            fi
         fi
-    fi
-    cargo +nightly fuzz run --release "$t" "$corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 \
-        "${extra[@]}" >"$log" 2>&1
-    rc=$?
-    set -e
-    execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
-    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
-    crashes=$(ls "artifacts/$t" 2>/dev/null | grep -c '^crash-\|^leak-\|^oom-\|^timeout-' || true)
-    line="$t: ${execs:-0} executions, coverage ${cov:-?} edges, corpus $(ls "$corpus/$t" | wc -l) inputs, exit $rc"
-    [ "$regressions" -gt 0 ] && line="$line; $regressions regression inputs passed"
-    # the engine-level targets say how often a clean generation checked the engine (fuzz/src/lib.rs: Checks)
-    checks=$(sed -n 's/^dflash2-fuzz: [0-9]* inputs, every one cleared and checked empty; \(.*\)/\1/p' "$log" | tail -1)
-    [ -n "$checks" ] && line="$line; $checks"
-    line="$line [$((SECONDS - t0)) s]"
-    if [ $rc -ne 0 ]; then
-        line="$line — FAILED (see $log and fuzz/artifacts/$t)"
-        status=1
-    fi
-    echo "$line" >&2
-    summary+=("$line")
-done
-cd "$root"
+        cargo +nightly fuzz run --release "$t" "$corpus/$t" -- -max_total_time="$seconds" -print_final_stats=1 \
+            "${extra[@]}" >"$log" 2>&1
+        rc=$?
+        set -e
+        execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
+        cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | grep -o '[0-9]*')
+        crashes=$(ls "artifacts/$t" 2>/dev/null | grep -c '^crash-\|^leak-\|^oom-\|^timeout-' || true)
+        line="$t: ${execs:-0} executions, coverage ${cov:-?} edges, corpus $(ls "$corpus/$t" | wc -l) inputs, exit $rc"
+        [ "$regressions" -gt 0 ] && line="$line; $regressions regression inputs passed"
+        # the engine-level targets say how often a clean generation checked the engine (fuzz/src/lib.rs: Checks)
+        checks=$(sed -n 's/^dflash2-fuzz: [0-9]* inputs, every one cleared and checked empty; \(.*\)/\1/p' "$log" | tail -1)
+        [ -n "$checks" ] && line="$line; $checks"
+        line="$line [$((SECONDS - t0)) s]"
+        if [ $rc -ne 0 ]; then
+            line="$line — FAILED (see $log and fuzz/artifacts/$t)"
+            status=1
+        fi
+        echo "$line" >&2
+        summary+=("$line")
+    done
+    cd "$root"
+}
+# (in an if, not after ||: set -e holds inside the function then)
+if [ ${#targets[@]} -gt 0 ]; then
+    fuzz
+fi
 export DFLASH2_SMOLLM2=${DFLASH2_SMOLLM2:-$(scripts/fetch-models.sh smollm2)}
 # the trained drafter when this machine has it, else the soak generates one
 trained="$("$root/scripts/shared-models.sh")/smollm2-135m-dflash2.gguf"

@@ -225,7 +225,10 @@ def main():
         files[name] = text.replace(anchor, replacement)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        (out / name).write_text(text)
+        # an unchanged file keeps its time stamp: the server's build then does not compile it again
+        path = out / name
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
     print(f"patch: {len(EDITS)} insertions into {', '.join(sorted(files))}")
 
 
