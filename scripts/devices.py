@@ -1016,8 +1016,8 @@ def main():
     # but not its chains, and not the library's chat; every walk and the library's chat
     # run on the same split without CPU layers
     cpu_configs = [c for c in chat_configs if not ARGS.quick or c[0] != "chains"]
-    run_step(f"server {tensor_cpu_server_placement().name} chat", with_rpc, tensor_cpu_server_placement(),
-             tensor_chat, cpu_configs)
+    tcs = tensor_cpu_server_placement()
+    run_step(f"server {tcs.name} chat", with_rpc, tcs, tensor_chat, cpu_configs)
     for p in (tp, tc) if not ARGS.quick else (tp,):
         run_step(f"library {p.name} chat", with_rpc, p, tensor_chat_library, [1, 4])
     run_step("upstream with the drafter off the head", upstream_vs_dflash2_drafter_off_the_head)
