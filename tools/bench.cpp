@@ -187,9 +187,17 @@ double ratio(const mode_result * a, const mode_result * b) {
     return a && b && b->median().tokens_per_s() > 0 ? a->median().tokens_per_s() / b->median().tokens_per_s() : 0.0;
 }
 
+// a / b's tok/s while every slot generates (np > 1: a server's steady state)
+double full_ratio(const mode_result * a, const mode_result * b) {
+    return a && b && b->median().full_tokens_per_s() > 0 ?
+               a->median().full_tokens_per_s() / b->median().full_tokens_per_s() :
+               0.0;
+}
+
 // --oracle at one np: the fastest of the fixed plans, and the modes the controller is held against
 struct oracle_row {
-    const mode_result * best = nullptr;
+    const mode_result * best      = nullptr;
+    const mode_result * best_full = nullptr; // the fastest while every slot generates
     const mode_result * aut  = nullptr;
     const mode_result * ar   = nullptr;
     const mode_result * up   = nullptr;
@@ -201,6 +209,9 @@ oracle_row oracle_of(const std::vector<mode_result> & results, int32_t np) {
         const mode_result * r = find(results, m, np);
         if (r && (!o.best || r->median().tokens_per_s() > o.best->median().tokens_per_s())) {
             o.best = r;
+        }
+        if (r && (!o.best_full || r->median().full_tokens_per_s() > o.best_full->median().full_tokens_per_s())) {
+            o.best_full = r;
         }
     }
     o.aut = find(results, "dflash2-auto", np);
@@ -225,7 +236,8 @@ void print_oracle(const std::vector<mode_result> & results, const std::vector<in
         const oracle_row o = oracle_of(results, np);
         printf("\noracle np=%d, cost world %s (* the best fixed plan; rows/step: rows of a verify decode, all sequences)\n",
                 np, world.name().c_str());
-        printf("  %-17s %9s %6s %10s %9s %20s\n", "plan", "tok/s", "tau", "rows/step", "identical", "decodes over world");
+        printf("  %-17s %9s %6s %10s %9s %20s %12s\n", "plan", "tok/s", "tau", "rows/step", "identical", "decodes over world",
+                "full tok/s");
         for (const auto & r : results) {
             if (r.np != np) {
                 continue;
@@ -233,12 +245,22 @@ void print_oracle(const std::vector<mode_result> & results, const std::vector<in
             const host_stats & s = r.median();
             char over[48];
             snprintf(over, sizeof(over), "%lld/%lld", (long long) s.n_verify_over, (long long) s.n_verify_decodes);
-            printf("  %c%-16s %9.1f %6.2f %10.2f %9s %20s\n", &r == o.best ? '*' : ' ', r.mode.c_str(), s.tokens_per_s(),
-                    s.tau(), s.verify_rows_per_step(), identical_of(r).c_str(), world.is_real() ? "-" : over);
+            printf("  %c%-16s %9.1f %6.2f %10.2f %9s %20s %12.1f\n", &r == o.best ? '*' : ' ', r.mode.c_str(),
+                    s.tokens_per_s(), s.tau(), s.verify_rows_per_step(), identical_of(r).c_str(),
+                    world.is_real() ? "-" : over, s.full_tokens_per_s());
         }
         printf("  np=%d best fixed plan: %s (%.1f tok/s); dflash2-auto/best %s, dflash2-auto/ar %s, dflash2-auto/upstream %s\n",
                 np, o.best ? o.best->mode.c_str() : "-", o.best ? o.best->median().tokens_per_s() : 0.0,
                 ratio_or(o.aut, o.best, "-").c_str(), ratio_or(o.aut, o.ar, "-").c_str(), ratio_or(o.aut, o.up, "-").c_str());
+        if (np > 1) {
+            // a server refills each slot as it frees: its steady state is a wave's steps
+            // before any of its streams finished
+            printf("  np=%d while all %d slots generate (full tok/s): best fixed plan %s (%.1f tok/s); "
+                   "dflash2-auto/best %.3f, dflash2-auto/ar %.3f, dflash2-auto/upstream %.3f\n",
+                    np, np, o.best_full ? o.best_full->mode.c_str() : "-",
+                    o.best_full ? o.best_full->median().full_tokens_per_s() : 0.0, full_ratio(o.aut, o.best_full),
+                    full_ratio(o.aut, o.ar), full_ratio(o.aut, o.up));
+        }
     }
 }
 
@@ -301,6 +323,17 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 if (r.np == np && r.mode != "ar") {
                     printf(" %s %.3f | %.3f", r.mode.c_str(), ratio(&r, a),
                             a->cpu_median() > 0 ? r.cpu_median() / a->cpu_median() : 0.0);
+                }
+            }
+            printf("\n");
+        }
+        // np > 1: the same while every slot generates, a wave's tail left out (a server that
+        // refills each slot as it frees never has one)
+        if (a && np > 1) {
+            printf("    np=%d while all %d slots generate, tok/s (vs ar):", np, np);
+            for (const auto & r : results) {
+                if (r.np == np) {
+                    printf(" %s %.1f (%.3f)", r.mode.c_str(), r.median().full_tokens_per_s(), full_ratio(&r, a));
                 }
             }
             printf("\n");
@@ -407,7 +440,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
         for (size_t i = 0; i < r.runs.size(); ++i) {
             out << (i ? ", " : "") << r.runs[i].tokens_per_cpu_s();
         }
-        out << "]}, \"tokens_per_s_per_seq\": " << s.tokens_per_s() / r.np << ", \"generated\": " << s.n_generated
+        out << "]}, \"full_tokens_per_s\": " << s.full_tokens_per_s() << ", \"full_tokens\": " << s.n_full_tokens
+            << ", \"tokens_per_s_per_seq\": " << s.tokens_per_s() / r.np << ", \"generated\": " << s.n_generated
             << ", \"decode_ms\": " << s.t_total_us / 1e3 << ", \"seq_steps\": " << s.n_seq_steps
             << ", \"drafted\": " << s.n_drafted << ", \"accepted\": " << s.n_accepted << ", \"tau\": " << s.tau()
             << ", \"verify_decodes\": " << s.n_verify_decodes << ", \"verify_rows\": " << s.n_verify_rows
@@ -493,7 +527,9 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ", \"best_tokens_per_s\": " << (o.best ? o.best->median().tokens_per_s() : 0.0)
             << ", \"dflash2_auto_over_best\": " << ratio_or(o.aut, o.best, "null") << ", \"dflash2_auto_over_ar\": "
             << ratio_or(o.aut, o.ar, "null") << ", \"dflash2_auto_over_upstream\": " << ratio_or(o.aut, o.up, "null")
-            << ", \"plans\": [";
+            << ", \"best_full\": " << host_json_str(o.best_full ? o.best_full->mode : "")
+            << ", \"dflash2_auto_over_best_full\": " << full_ratio(o.aut, o.best_full)
+            << ", \"dflash2_auto_over_ar_full\": " << full_ratio(o.aut, o.ar) << ", \"plans\": [";
         bool first = true;
         for (const auto & r : results) {
             if (r.np != nps[k]) {
@@ -501,7 +537,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             }
             const host_stats & s = r.median();
             out << (first ? "" : ", ") << "{\"mode\": " << host_json_str(r.mode) << ", \"tokens_per_s\": "
-                << s.tokens_per_s() << ", \"tau\": " << s.tau() << ", \"verify_rows_per_step\": "
+                << s.tokens_per_s() << ", \"full_tokens_per_s\": " << s.full_tokens_per_s() << ", \"tau\": "
+                << s.tau() << ", \"verify_rows_per_step\": "
                 << s.verify_rows_per_step() << ", \"identical\": " << (r.comparable ? r.n_identical() : -1)
                 << ", \"prompts\": " << r.identical.size() << ", \"decodes_over_world\": " << s.n_verify_over << "}";
             first = false;

@@ -33,9 +33,10 @@
 //! rows than that allows (a tree may keep more rows than its depth). A
 //! plain step is priced with the recent median of the host's time between
 //! decodes (a host away now and then does not make it dearer). Exploration
-//! grows from cheap plans to dear ones as the curves are seen. Gains earn no
-//! credit: a draft that stops paying (a prompt whose easy start is behind
-//! it) cannot spend what it gained before.
+//! grows from cheap plans to dear ones as the curves are seen. Gains earn
+//! credit up to `CREDIT` plain steps: a prompt whose drafts paid rides out
+//! an unlucky streak, and a draft that stops paying (a prompt whose easy
+//! start is behind it) spends no more than that of what it gained.
 //!
 //! The engine reports what happened (with the time it happened) and asks;
 //! the policy keeps its own clocks.
@@ -60,6 +61,12 @@ use crate::tree::{Node, Tree};
 const LOSS_BUDGET: f64 = 0.015;
 const HOPELESS: f64 = 0.25;
 const LOSS_START: f64 = 2.0;
+
+/// Plain steps' time that gains may earn as credit against later losses:
+/// a prompt whose drafts paid can ride out an unlucky streak without
+/// stopping, while a draft that stops paying (an easy start behind it)
+/// spends no more than this of what it gained.
+const CREDIT: f64 = 2.0;
 
 /// Acceptance trials each draft position weighs, and steps its trials last
 /// without new ones (a drafter that stopped paying is tried again now and
@@ -461,7 +468,7 @@ impl AdaptivePolicy {
             let along = self.verify.predict(s.requests, 1.0) / self.verify.predict(rows, 1.0).max(f64::MIN_POSITIVE);
             let plain_step = self.overhead.value + verify * along.min(1.0);
             let lost = self.overhead.value + draft + verify - s.tokens as f64 / s.requests as f64 * plain_step;
-            self.loss = (self.loss + lost).max(0.0);
+            self.loss = (self.loss + lost).max(-CREDIT * plain_step);
             if trace_policy() {
                 eprintln!(
                     "TRACE charged {:?} requests {} tokens {} rows {rows} verify {verify:.4} draft {draft:.4} plain_step {plain_step:.4} wall {wall:.4} lost {lost:.4}",

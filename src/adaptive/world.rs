@@ -81,6 +81,8 @@ pub struct World {
     pub first_slowdown: f64,
     /// from this step on, drafted tokens are accepted with this probability
     pub later: Option<(usize, f64)>,
+    /// in these steps every drafted token is rejected (an unlucky streak)
+    pub streak: std::ops::Range<usize>,
     /// requests of this many tokens each, in waves of `n_seqs` that start
     /// together and end when the last of them does (0: they never end)
     pub wave: usize,
@@ -128,6 +130,7 @@ impl World {
             seed: 0,
             first_slowdown: 1.0,
             later: None,
+            streak: 0..0,
             wave: 0,
             away_every: 0,
             away: 0.0,
@@ -229,7 +232,7 @@ impl World {
                     Some((from, p)) if step >= from => p,
                     _ => self.p_accept,
                 };
-                let lucky = run.drafted >= self.unlucky;
+                let lucky = run.drafted >= self.unlucky && !self.streak.contains(&step);
                 let mut n_acc = 0;
                 while lucky && n_acc < k && uniform() < p_accept {
                     n_acc += 1;

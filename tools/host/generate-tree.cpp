@@ -85,12 +85,11 @@ void verify_sampled(const host_target & tgt, dflash2::engine & engine, host_stre
 
 // one wave of streams generated step by step by the tree host
 struct tree_wave : host_wave_runner {
-    host_target &              tgt;
-    dflash2::engine &          engine;
-    const int32_t              n_nodes;
-    const int32_t              n_leaves;
-    std::vector<host_stream> & streams;
-    common_batch               batch;
+    host_target &     tgt;
+    dflash2::engine & engine;
+    const int32_t     n_nodes;
+    const int32_t     n_leaves;
+    common_batch      batch;
 
     std::vector<dflash2::tree_request>           reqs;
     std::vector<std::vector<dflash2::tree_node>> trees;
@@ -104,8 +103,8 @@ struct tree_wave : host_wave_runner {
 
     tree_wave(host_target & tgt, dflash2::engine & engine, int32_t n_nodes, int32_t n_leaves,
             std::vector<host_stream> & streams, host_stats & stats)
-        : host_wave_runner(stats), tgt(tgt), engine(engine), n_nodes(n_nodes), n_leaves(n_leaves), streams(streams),
-          batch(tgt.ctx) {
+        : host_wave_runner(stats, streams, tgt.params.n_seq), tgt(tgt), engine(engine), n_nodes(n_nodes),
+          n_leaves(n_leaves), batch(tgt.ctx) {
         llama_memory_clear(llama_get_memory(tgt.ctx), true);
         engine.seq_rm(-1, -1, -1);
         prefill_drafter prefill(engine);

@@ -33,15 +33,14 @@ size_t verify(const host_target & tgt, host_drafter * drafter, host_stream & s, 
 
 // one wave of streams generated step by step by the chain host
 struct chain_wave : host_wave_runner {
-    host_target &              tgt;
-    host_drafter *             drafter;
-    std::vector<host_stream> & streams;
-    common_batch               batch;
+    host_target &  tgt;
+    host_drafter * drafter;
+    common_batch   batch;
 
     std::vector<std::vector<llama_token>> drafts;
 
     chain_wave(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats)
-        : host_wave_runner(stats), tgt(tgt), drafter(drafter), streams(streams), batch(tgt.ctx) {
+        : host_wave_runner(stats, streams, tgt.params.n_seq), tgt(tgt), drafter(drafter), batch(tgt.ctx) {
         // not llama_memory_seq_rm(mem, -1, -1, -1): the pinned libllama refuses seq_id -1
         // on recurrent memory (hybrid targets), with an error in the log
         llama_memory_clear(llama_get_memory(tgt.ctx), true);
@@ -157,12 +156,32 @@ void collect(std::vector<host_stream> & streams, host_generation & gen) {
 
 } // namespace
 
+bool host_wave_runner::full() const {
+    return streams.size() == n_slots &&
+           std::none_of(streams.begin(), streams.end(), [](const host_stream & s) { return s.done; });
+}
+
+int64_t host_wave_runner::emitted() const {
+    int64_t n = 0;
+    for (const auto & s : streams) {
+        n += (int64_t) s.out.size();
+    }
+    return n;
+}
+
 bool host_wave_runner::step() {
+    const bool    was_full    = full();
+    const int64_t n_before    = was_full ? emitted() : 0;
     const int64_t t_start     = host_time_us();
     const int64_t t_cpu_start = host_cpu_time_us();
     const bool    more        = step_once();
-    stats.t_total_us += host_time_us() - t_start;
+    const int64_t t_step      = host_time_us() - t_start;
+    stats.t_total_us += t_step;
     stats.t_cpu_us   += host_cpu_time_us() - t_cpu_start;
+    if (was_full) {
+        stats.t_full_us += t_step;
+        stats.n_full_tokens += emitted() - n_before;
+    }
     return more;
 }
 

@@ -132,6 +132,12 @@ struct host_stats {
     int64_t n_prefill_decodes = 0;
     int64_t n_prefill_over    = 0;
 
+    // the steps in which every stream of a wave of np streams was generating: the tokens they
+    // emitted and their wall time (a server whose queue refills each slot as it frees runs in
+    // that state; a wave's tail, where finished streams leave rows unused, is left out)
+    int64_t n_full_tokens = 0;
+    int64_t t_full_us     = 0;
+
     int64_t t_prefill_us = 0; // prompt decodes and the drafter's processing of them
     int64_t t_total_us   = 0; // generation wall time (prompt excluded)
     int64_t t_cpu_us     = 0; // process CPU time over the same span (all threads; spin-waits included)
@@ -165,6 +171,8 @@ struct host_stats {
     // rows of a verify decode, all sequences together
     double verify_rows_per_step() const { return n_verify_decodes ? (double) n_verify_rows / n_verify_decodes : 0.0; }
     double tokens_per_s() const { return t_total_us ? 1e6 * n_generated / t_total_us : 0.0; }
+    // tokens per second while every slot generates (n_full_tokens)
+    double full_tokens_per_s() const { return t_full_us ? 1e6 * n_full_tokens / t_full_us : 0.0; }
     // tokens per CPU second: the work done, much less sensitive than wall time to other
     // processes on the machine (comparable between modes at --threads 1)
     double tokens_per_cpu_s() const { return t_cpu_us ? 1e6 * n_generated / t_cpu_us : 0.0; }
@@ -334,11 +342,21 @@ struct host_wave_runner {
     virtual void finish() = 0;
 
   protected:
-    explicit host_wave_runner(host_stats & stats) : stats(stats) {}
+    // streams: the wave's, n_slots: the streams a full wave has (params.n_seq)
+    host_wave_runner(host_stats & stats, std::vector<host_stream> & streams, int32_t n_slots) :
+        stats(stats), streams(streams), n_slots((size_t) n_slots) {}
     // one step, untimed
     virtual bool step_once() = 0;
 
-    host_stats & stats;
+    host_stats &               stats;
+    std::vector<host_stream> & streams;
+
+  private:
+    // whether every slot has a stream generating, and the tokens the wave's streams emitted
+    bool    full() const;
+    int64_t emitted() const;
+
+    size_t n_slots;
 };
 using host_wave_factory = std::function<std::unique_ptr<host_wave_runner>(host_target &, std::vector<host_stream> &,
         host_stats &)>;
