@@ -183,36 +183,39 @@ const mode_result * find(const std::vector<mode_result> & results, const std::st
     return nullptr;
 }
 
-double ratio(const mode_result * a, const mode_result * b) {
-    return a && b && b->median().tokens_per_s() > 0 ? a->median().tokens_per_s() / b->median().tokens_per_s() : 0.0;
+// a rate of a run: tok/s over the whole run, or while every slot generates (np > 1: a server's steady state)
+using rate_of = double (host_stats::*)() const;
+constexpr rate_of whole_run = &host_stats::tokens_per_s;
+constexpr rate_of all_slots = &host_stats::full_tokens_per_s;
+
+double rate(const mode_result * r, rate_of of) {
+    return (r->median().*of)();
 }
 
-// a / b's tok/s while every slot generates (np > 1: a server's steady state)
-double full_ratio(const mode_result * a, const mode_result * b) {
-    return a && b && b->median().full_tokens_per_s() > 0 ?
-               a->median().full_tokens_per_s() / b->median().full_tokens_per_s() :
-               0.0;
+double ratio(const mode_result * a, const mode_result * b, rate_of of = whole_run) {
+    return a && b && rate(b, of) > 0 ? rate(a, of) / rate(b, of) : 0.0;
 }
 
 // --oracle at one np: the fastest of the fixed plans, and the modes the controller is held against
 struct oracle_row {
     const mode_result * best      = nullptr;
     const mode_result * best_full = nullptr; // the fastest while every slot generates
-    const mode_result * aut  = nullptr;
-    const mode_result * ar   = nullptr;
-    const mode_result * up   = nullptr;
+    const mode_result * aut       = nullptr;
+    const mode_result * ar        = nullptr;
+    const mode_result * up        = nullptr;
 };
 
 oracle_row oracle_of(const std::vector<mode_result> & results, int32_t np) {
     oracle_row o;
     for (const auto & m : oracle_plans()) {
         const mode_result * r = find(results, m, np);
-        if (r && (!o.best || r->median().tokens_per_s() > o.best->median().tokens_per_s())) {
-            o.best = r;
-        }
-        if (r && (!o.best_full || r->median().full_tokens_per_s() > o.best_full->median().full_tokens_per_s())) {
-            o.best_full = r;
-        }
+        auto keep_fastest = [r](const mode_result *& best, rate_of of) {
+            if (r && (!best || rate(r, of) > rate(best, of))) {
+                best = r;
+            }
+        };
+        keep_fastest(o.best, whole_run);
+        keep_fastest(o.best_full, all_slots);
     }
     o.aut = find(results, "dflash2-auto", np);
     o.ar  = find(results, "ar", np);
@@ -258,8 +261,8 @@ void print_oracle(const std::vector<mode_result> & results, const std::vector<in
             printf("  np=%d while all %d slots generate (full tok/s): best fixed plan %s (%.1f tok/s); "
                    "dflash2-auto/best %.3f, dflash2-auto/ar %.3f, dflash2-auto/upstream %.3f\n",
                     np, np, o.best_full ? o.best_full->mode.c_str() : "-",
-                    o.best_full ? o.best_full->median().full_tokens_per_s() : 0.0, full_ratio(o.aut, o.best_full),
-                    full_ratio(o.aut, o.ar), full_ratio(o.aut, o.up));
+                    o.best_full ? rate(o.best_full, all_slots) : 0.0, ratio(o.aut, o.best_full, all_slots),
+                    ratio(o.aut, o.ar, all_slots), ratio(o.aut, o.up, all_slots));
         }
     }
 }
@@ -333,7 +336,7 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
             printf("    np=%d while all %d slots generate, tok/s (vs ar):", np, np);
             for (const auto & r : results) {
                 if (r.np == np) {
-                    printf(" %s %.1f (%.3f)", r.mode.c_str(), r.median().full_tokens_per_s(), full_ratio(&r, a));
+                    printf(" %s %.1f (%.3f)", r.mode.c_str(), r.median().full_tokens_per_s(), ratio(&r, a, all_slots));
                 }
             }
             printf("\n");
@@ -528,8 +531,8 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ", \"dflash2_auto_over_best\": " << ratio_or(o.aut, o.best, "null") << ", \"dflash2_auto_over_ar\": "
             << ratio_or(o.aut, o.ar, "null") << ", \"dflash2_auto_over_upstream\": " << ratio_or(o.aut, o.up, "null")
             << ", \"best_full\": " << host_json_str(o.best_full ? o.best_full->mode : "")
-            << ", \"dflash2_auto_over_best_full\": " << full_ratio(o.aut, o.best_full)
-            << ", \"dflash2_auto_over_ar_full\": " << full_ratio(o.aut, o.ar) << ", \"plans\": [";
+            << ", \"dflash2_auto_over_best_full\": " << ratio(o.aut, o.best_full, all_slots)
+            << ", \"dflash2_auto_over_ar_full\": " << ratio(o.aut, o.ar, all_slots) << ", \"plans\": [";
         bool first = true;
         for (const auto & r : results) {
             if (r.np != nps[k]) {
