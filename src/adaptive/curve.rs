@@ -100,6 +100,11 @@ impl StepCurve {
             seconds = seconds.min(self.predict(rows, 1.0));
         }
         let key = bin_key(rows);
+        if let Some(wider) = self.bins.iter().position(|b| b.key > key) {
+            // fewer rows never cost more: a first observation far above a
+            // wider batch's time is the machine, not the rows
+            seconds = seconds.min(SPIKE * self.load * self.points[wider].1);
+        }
         let at = self.bins.partition_point(|b| b.key < key);
         if self.bins.get(at).is_none_or(|b| b.key != key) {
             self.bins.insert(at, Bin { key, ..Bin::default() });
@@ -245,6 +250,11 @@ mod tests {
             c.observe(1, t);
         }
         assert!((c.predict(1, 0.0) - 0.030).abs() < 1e-12);
+        // nor one far above a wider batch's time: fewer rows never cost more
+        let mut c = StepCurve::default();
+        c.observe(64, 0.002);
+        c.observe(4, 0.120);
+        assert!(c.predict(4, 1.0) <= SPIKE * 0.002 && c.predict(64, 1.0) <= SPIKE * 0.002, "{}", c.predict(4, 1.0));
     }
 
     #[test]

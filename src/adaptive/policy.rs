@@ -5,8 +5,9 @@
 //! batch's total rows (all sequences together), a noise-block decode
 //! `draft(rows)`, both curves learned online ([`StepCurve`]: flat, linear or
 //! in steps, whatever the backend does), and a drafting step first injects
-//! the rows that waited for it (a mean: on a CPU a third of a block's
-//! decode); a drafted token at position m is accepted with P(accept |
+//! the rows that waited for it (a curve by rows too, learned from every
+//! injection: plain steps' bulk ones and the prompts' re-measure it while
+//! nothing drafts); a drafted token at position m is accepted with P(accept |
 //! reached), learned per position and lattice-confidence bin
 //! ([`AcceptanceModel`], weighing its last `MEMORY` trials). Each step
 //! takes the plan with the most expected tokens per second: no draft, one
@@ -45,7 +46,7 @@ use std::time::Instant;
 
 use super::AcceptanceModel;
 use super::curve::StepCurve;
-use super::mean::{Mean, RecentMedian};
+use super::mean::RecentMedian;
 use crate::tree::{Node, Tree};
 
 /// Share of the measured time that drafting may lose against plain steps,
@@ -138,6 +139,7 @@ struct Step {
     draft_seconds: f64,
     draft_rows: usize,
     /// the injection of the rows that waited for this draft
+    flush_rows: usize,
     flush_seconds: f64,
     verify: Option<(usize, f64)>,
     /// tokens per second of the plan taken: the price of a second in the cuts
@@ -166,9 +168,11 @@ pub struct AdaptivePolicy {
     acceptance: AcceptanceModel,
     verify: StepCurve,
     draft: StepCurve,
-    /// a drafting step's injection of the rows that waited for it (plain
-    /// steps inject 64 at a time, far cheaper per row)
-    flush: Mean,
+    /// an injection of rows into the draft KV, by its rows: every one the
+    /// engine runs (a drafting step's of the rows that waited for it, plain
+    /// steps' 64 at a time, a prompt's), so a slow one is outvoted by the
+    /// next ones even while nothing drafts
+    flush: StepCurve,
     /// a step's host time besides its decodes: the recent median, since a
     /// host away now and then (between requests, another job's turn) would
     /// make every step's price dearer in a mean and credit each drafted
@@ -197,7 +201,7 @@ impl AdaptivePolicy {
             acceptance: AcceptanceModel::with_memory(n_positions, MEMORY),
             verify: StepCurve::default(),
             draft: StepCurve::default(),
-            flush: Mean::default(),
+            flush: StepCurve::default(),
             overhead: RecentMedian::default(),
             loss: 0.0,
             elapsed: 0.0,
@@ -257,9 +261,15 @@ impl AdaptivePolicy {
         self.step.draft_rows += rows;
     }
 
-    /// The rows waiting for this step's draft were injected in `seconds`.
-    pub fn flush_seen(&mut self, seconds: f64) {
-        self.flush.add(seconds);
+    /// An injection of `rows` rows into the draft KV took `seconds`.
+    pub fn inject_seen(&mut self, rows: usize, seconds: f64) {
+        self.flush.observe(rows, seconds);
+    }
+
+    /// The `rows` rows waiting for this step's draft were injected in
+    /// `seconds` (each injection decode already told by `inject_seen`).
+    pub fn flush_seen(&mut self, rows: usize, seconds: f64) {
+        self.step.flush_rows += rows;
         self.step.flush_seconds += seconds;
     }
 
@@ -366,8 +376,10 @@ impl AdaptivePolicy {
             gain += reach;
         }
         let draw = self.step.cost_draw;
+        // steady drafting injects the rows the step before gained
+        let injected = (n as f64 + drafting as f64 * gain).round() as usize;
         let seconds = self.overhead.value
-            + self.flush.value
+            + self.flush.predict(injected, draw)
             + self.draft.predict(drafting * (cap + 1), draw)
             + self.verify.predict(n + drafting * cap, draw);
         (n as f64 + drafting as f64 * gain) / seconds
@@ -377,7 +389,9 @@ impl AdaptivePolicy {
     /// lose against a plain step if nothing is accepted, the verify takes
     /// `rows` rows in all and the rows not seen yet cost the most they may.
     fn worst_loss(&self, n: usize, drafting: usize, cap: usize, rows: usize) -> f64 {
-        self.flush.value + self.draft.predict(drafting * (cap + 1), 1.0) + self.verify.predict(rows, 1.0)
+        self.flush.predict(n + drafting * cap, 1.0)
+            + self.draft.predict(drafting * (cap + 1), 1.0)
+            + self.verify.predict(rows, 1.0)
             - self.verify.predict(n, 0.0)
     }
 
@@ -464,7 +478,7 @@ impl AdaptivePolicy {
             // times may be drawn as cheap as the one before it, which would
             // read this step's own verify as nearly a plain one's
             let draft = s.draft_seconds.min(SPIKE * self.draft.predict(s.draft_rows, 1.0))
-                + s.flush_seconds.min(SPIKE * self.flush.value);
+                + s.flush_seconds.min(SPIKE * self.flush.predict(s.flush_rows, 1.0));
             let along = self.verify.predict(s.requests, 1.0) / self.verify.predict(rows, 1.0).max(f64::MIN_POSITIVE);
             let plain_step = self.overhead.value + verify * along.min(1.0);
             let lost = self.overhead.value + draft + verify - s.tokens as f64 / s.requests as f64 * plain_step;
@@ -501,7 +515,7 @@ impl Drop for AdaptivePolicy {
     /// the host's own costs (a cost world's).
     fn drop(&mut self) {
         if trace_policy() {
-            for (name, curve) in [("verify", &self.verify), ("draft", &self.draft)] {
+            for (name, curve) in [("verify", &self.verify), ("draft", &self.draft), ("inject", &self.flush)] {
                 let points: Vec<String> =
                     curve.points().map(|(rows, s, n)| format!("{rows:.0}:{:.2}ms/{n}", s * 1e3)).collect();
                 eprintln!("TRACE learned {name} curve (rows:time/observations) {}", points.join(" "));

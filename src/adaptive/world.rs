@@ -6,6 +6,9 @@ use std::time::{Duration, Instant};
 
 use super::AdaptivePolicy;
 
+/// Waiting rows a plain step injects at once (the engine's `FLUSH_ROWS`).
+const BULK_ROWS: usize = 64;
+
 /// The shipped cost worlds, by name: (rows, relative time of a decode).
 pub const SHIPPED: [(&str, &str); 4] = [
     ("flat", include_str!("../../tools/cost-worlds/flat.txt")),
@@ -62,8 +65,13 @@ pub struct World {
     /// a draft decode of `rows` rows: `draft_fixed` + `draft_row` each
     pub draft_fixed: f64,
     pub draft_row: f64,
-    /// a drafting step first injects the rows that waited for it
+    /// an injection of rows into the draft KV: a drafting step's of the rows
+    /// that waited for it, a plain step's once `BULK_ROWS` wait, a prompt's
     pub flush: f64,
+    /// the first drafting step's injection takes this long (0: `flush`)
+    pub first_flush: f64,
+    /// each request's prompt rows, injected before its first step (0: none)
+    pub prompt: usize,
     /// each drafted token is accepted with this probability while the ones
     /// before it were
     pub p_accept: f64,
@@ -121,6 +129,8 @@ impl World {
             draft_fixed: 0.002,
             draft_row: 0.0035,
             flush: 0.0,
+            first_flush: 0.0,
+            prompt: 0,
             p_accept,
             unlucky: 0,
             p_spike: 0.0,
@@ -150,8 +160,11 @@ impl World {
         }
     }
 
+    /// Tokens per second of plain steps (each sequence's row injected in a
+    /// bulk injection once `BULK_ROWS` wait).
     pub fn plain_rate(&self) -> f64 {
-        self.n_seqs as f64 / self.target.seconds(self.n_seqs, self.n_seqs)
+        let n = self.n_seqs;
+        n as f64 / (self.target.seconds(n, n) + self.flush * n as f64 / BULK_ROWS as f64)
     }
 
     /// Tokens per second of every sequence drafting `k` tokens every step.
@@ -183,9 +196,17 @@ impl World {
         let mut away = 0.0;
         // tokens each sequence has left (requests that never end: as good as endless)
         let mut left = vec![if self.wave > 0 { 0 } else { usize::MAX }; self.n_seqs];
+        // rows committed and not injected yet, and whether a drafting step injected any
+        let (mut waiting, mut injected) = (0, false);
         for step in 0..steps {
-            if left.iter().all(|&l| l == 0) {
-                left.fill(self.wave);
+            if step == 0 || left.iter().all(|&l| l == 0) {
+                if self.wave > 0 {
+                    left.fill(self.wave);
+                }
+                if self.prompt > 0 && self.flush > 0.0 {
+                    // before the step's clock: the prompts' injections
+                    p.inject_seen(self.prompt, self.flush);
+                }
             }
             let active: Vec<usize> = (0..self.n_seqs).filter(|&i| left[i] > 0).collect();
             let n_seqs = active.len();
@@ -206,12 +227,18 @@ impl World {
             }
             let mut seconds = 0.0;
             let mut kept = vec![0; n_seqs];
-            if blocks > 0 {
-                if self.flush > 0.0 {
-                    let f = load(self.flush);
-                    p.flush_seen(f);
-                    seconds += f;
+            if (blocks > 0 || waiting >= BULK_ROWS) && self.flush > 0.0 && waiting > 0 {
+                let slow_first = blocks > 0 && !injected && self.first_flush > 0.0;
+                let f = if slow_first { self.first_flush } else { load(self.flush) };
+                p.inject_seen(waiting, f);
+                if blocks > 0 {
+                    p.flush_seen(waiting, f);
+                    injected = true;
                 }
+                seconds += f;
+                waiting = 0;
+            }
+            if blocks > 0 {
                 let rows = blocks * width;
                 let d = load(self.draft_fixed + self.draft_row * rows as f64);
                 p.draft_decode_seen(rows, d);
@@ -242,6 +269,7 @@ impl World {
                 }
                 let gained = (1 + n_acc).min(left[i]);
                 left[i] -= gained;
+                waiting += gained;
                 run.tokens += gained;
                 run.drafted += k;
             }

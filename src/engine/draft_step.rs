@@ -119,10 +119,10 @@ impl Engine {
             // not drafting, the rows wait: process() injects them 64 at a time,
             // far cheaper per row than a small injection decode every step
             // (so the controller prices this one as the step's)
-            let t = Instant::now();
+            let (t, waiting) = (Instant::now(), self.seqs.iter().map(|q| q.queued.len()).sum());
             self.flush()?;
             if let Some(policy) = self.controller.policy.as_mut() {
-                policy.flush_seen(t.elapsed().as_secs_f64());
+                policy.flush_seen(waiting, t.elapsed().as_secs_f64());
             }
         }
         let blocks = if width > 0 { self.noise_blocks(reqs, &caps, width) } else { Vec::new() };

@@ -70,8 +70,9 @@ impl Engine {
 
     /// Reads the tap features of the rows the target just decoded. Rows of a
     /// sequence with an outstanding draft are held until accept(); the others
-    /// are committed: injected before the call returns once 64 or more rows wait
-    /// (prompt chunks), else by the next draft (one decode for all sequences).
+    /// are committed: injected before the call returns when they are a prompt
+    /// chunk or 64 or more rows wait, else by the next draft (one decode for
+    /// all sequences).
     pub fn process(&mut self, rows: &[Row]) -> Result<()> {
         self.check_rows(rows)?;
         if rows.is_empty() {
@@ -99,6 +100,7 @@ impl Engine {
             })?;
             layers.push(layer);
         }
+        let before: Vec<usize> = self.seqs.iter().map(|q| q.queued.len()).collect();
         for r in rows {
             if r.embd && self.link.skip_image_rows {
                 self.stats.n_skipped_rows += 1;
@@ -112,10 +114,14 @@ impl Engine {
             self.seqs[r.seq as usize].take_row(r.pos, &self.link.scratch, r.token);
         }
         self.stats.t_process_us += us_since(t);
-        // prompt chunks go in as they come; a few rows of a decode step wait for
-        // the next draft, which injects every sequence's rows in one decode
+        // prompt chunks (a sequence committing rows by the batch) go in as they
+        // come: the first draft then injects only what its steps gained, and
+        // the controller has timed an injection before it; a decode step's row
+        // per sequence waits for the next draft, which injects every
+        // sequence's rows in one decode, or for 64 to wait
+        let chunk = self.seqs.iter().zip(&before).any(|(q, &n)| q.queued.len() > n + 1);
         let queued: usize = self.seqs.iter().map(|q| q.queued.len()).sum();
-        if queued >= FLUSH_ROWS { self.flush() } else { Ok(()) }
+        if chunk || queued >= FLUSH_ROWS { self.flush() } else { Ok(()) }
     }
 
     /// Injects every queued row of every sequence into the draft KV.
@@ -142,6 +148,9 @@ impl Engine {
             let t = Instant::now();
             self.drafter.model.inject(&rows)?;
             self.stats.t_inject_us += us_since(t);
+            if let Some(policy) = self.controller.policy.as_mut() {
+                policy.inject_seen(rows.len(), t.elapsed().as_secs_f64());
+            }
             self.stats.n_inject_decodes += 1;
             for (s, n) in plan {
                 self.seqs[s].injected(n);
