@@ -91,13 +91,6 @@ const MOST_ROWS: usize = 4096;
 /// A draft decode counts as this many times its prediction at most.
 const SPIKE: f64 = 2.0;
 
-/// `DFLASH2_TRACE_POLICY` set: every step's plan and what it was decided on
-/// go to stderr (read once per process).
-fn trace_policy() -> bool {
-    static TRACE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *TRACE.get_or_init(|| std::env::var_os("DFLASH2_TRACE_POLICY").is_some())
-}
-
 /// What a step does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Plan {
@@ -235,22 +228,7 @@ impl AdaptivePolicy {
         self.step.offsets = offsets;
         self.step.cost_draw = self.uniform();
         self.plan = self.decide(n_requests);
-        if trace_policy() {
-            eprintln!(
-                "TRACE plan {:?} n {} rho {:.1} plain {:.1} loss {:.4} elapsed {:.3} verify(n) {:.4} draft(block) {:.4} p0 {:.2} p1 {:.2} p2 {:.2}",
-                self.plan,
-                n_requests,
-                self.step.rho,
-                self.plain_rate(n_requests),
-                self.loss,
-                self.elapsed,
-                self.verify.predict(n_requests, 0.0),
-                self.draft.predict(self.n_positions + 1, 0.0),
-                self.acceptance.p_position(0),
-                self.acceptance.p_position(1),
-                self.acceptance.p_position(2)
-            );
-        }
+        self.trace_plan(n_requests);
         self.plan
     }
 
@@ -483,12 +461,7 @@ impl AdaptivePolicy {
             let plain_step = self.overhead.value + verify * along.min(1.0);
             let lost = self.overhead.value + draft + verify - s.tokens as f64 / s.requests as f64 * plain_step;
             self.loss = (self.loss + lost).max(-CREDIT * plain_step);
-            if trace_policy() {
-                eprintln!(
-                    "TRACE charged {:?} requests {} tokens {} rows {rows} verify {verify:.4} draft {draft:.4} plain_step {plain_step:.4} wall {wall:.4} lost {lost:.4}",
-                    self.plan, s.requests, s.tokens
-                );
-            }
+            self.trace_charge(rows, [verify, draft, plain_step, wall, lost]);
         }
         self.elapsed += wall;
         if s.hopeful {
@@ -510,19 +483,8 @@ impl AdaptivePolicy {
     }
 }
 
-impl Drop for AdaptivePolicy {
-    /// With `DFLASH2_TRACE_POLICY`: the curves as learned, to compare with
-    /// the host's own costs (a cost world's).
-    fn drop(&mut self) {
-        if trace_policy() {
-            for (name, curve) in [("verify", &self.verify), ("draft", &self.draft), ("inject", &self.flush)] {
-                let points: Vec<String> =
-                    curve.points().map(|(rows, s, n)| format!("{rows:.0}:{:.2}ms/{n}", s * 1e3)).collect();
-                eprintln!("TRACE learned {name} curve (rows:time/observations) {}", points.join(" "));
-            }
-        }
-    }
-}
+#[path = "policy_trace.rs"]
+mod trace;
 
 #[cfg(test)]
 #[path = "policy_tests.rs"]
