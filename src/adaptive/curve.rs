@@ -100,10 +100,10 @@ impl StepCurve {
             seconds = seconds.min(self.predict(rows, 1.0));
         }
         let key = bin_key(rows);
-        if let Some(wider) = self.bins.iter().position(|b| b.key > key) {
+        if let Some(wider) = self.points.get(self.bins.partition_point(|b| b.key <= key)) {
             // fewer rows never cost more: a first observation far above a
             // wider batch's time is the machine, not the rows
-            seconds = seconds.min(SPIKE * self.load * self.points[wider].1);
+            seconds = seconds.min(SPIKE * self.load * wider.1);
         }
         let at = self.bins.partition_point(|b| b.key < key);
         if self.bins.get(at).is_none_or(|b| b.key != key) {

@@ -15,8 +15,9 @@ const FLUSH_ROWS: usize = 64;
 
 impl Engine {
     /// Checks a batch of rows against the arguments' ranges and the call
-    /// order, before anything changes.
-    fn check_rows(&self, rows: &[Row]) -> Result<()> {
+    /// order, before anything changes; returns whether some sequence that
+    /// holds no draft has more than one row in it (a prompt chunk).
+    fn check_rows(&self, rows: &[Row]) -> Result<bool> {
         let n_batch = self.target.n_batch() as i32;
         for r in rows {
             self.seq_index(r.seq)?;
@@ -52,6 +53,7 @@ impl Engine {
             *n += 1;
         }
         self.check_tree_rows(rows)?;
+        let mut chunk = false;
         for (s, q) in self.seqs.iter().enumerate() {
             let incoming = seen[s].0;
             if incoming > 0 && q.holds_rows() && q.held.len() + incoming > q.verify_rows() {
@@ -64,8 +66,9 @@ impl Engine {
                     n + 1
                 )));
             }
+            chunk |= incoming > 1 && !q.holds_rows();
         }
-        Ok(())
+        Ok(chunk)
     }
 
     /// Reads the tap features of the rows the target just decoded. Rows of a
@@ -74,7 +77,7 @@ impl Engine {
     /// chunk or 64 or more rows wait, else by the next draft (one decode for
     /// all sequences).
     pub fn process(&mut self, rows: &[Row]) -> Result<()> {
-        self.check_rows(rows)?;
+        let chunk = self.check_rows(rows)?;
         if rows.is_empty() {
             return Ok(());
         }
@@ -100,7 +103,6 @@ impl Engine {
             })?;
             layers.push(layer);
         }
-        let before: Vec<usize> = self.seqs.iter().map(|q| q.queued.len()).collect();
         for r in rows {
             if r.embd && self.link.skip_image_rows {
                 self.stats.n_skipped_rows += 1;
@@ -119,7 +121,6 @@ impl Engine {
         // the controller has timed an injection before it; a decode step's row
         // per sequence waits for the next draft, which injects every
         // sequence's rows in one decode, or for 64 to wait
-        let chunk = self.seqs.iter().zip(&before).any(|(q, &n)| q.queued.len() > n + 1);
         let queued: usize = self.seqs.iter().map(|q| q.queued.len()).sum();
         if chunk || queued >= FLUSH_ROWS { self.flush() } else { Ok(()) }
     }
@@ -147,9 +148,10 @@ impl Engine {
             }
             let t = Instant::now();
             self.drafter.model.inject(&rows)?;
-            self.stats.t_inject_us += us_since(t);
+            let us = us_since(t);
+            self.stats.t_inject_us += us;
             if let Some(policy) = self.controller.policy.as_mut() {
-                policy.inject_seen(rows.len(), t.elapsed().as_secs_f64());
+                policy.inject_seen(rows.len(), us as f64 * 1e-6);
             }
             self.stats.n_inject_decodes += 1;
             for (s, n) in plan {
