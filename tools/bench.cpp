@@ -148,9 +148,11 @@ bool is_known(const std::string & mode, bool with_ngram) {
            (with_ngram && is_ngram(mode));
 }
 
-// leaves (path sequence ids) per tree: np x (leaves + 1) ids within llama.cpp's 256
-int32_t tree_leaves(int32_t np, int32_t n_tree) {
-    return std::max(1, std::min(n_tree, 256 / std::max(np, 1) - 1));
+// leaves (path sequence ids) per tree: np x (leaves + 1) ids within llama.cpp's 256 (255 where
+// a refill schedule keeps one for retired cells: host_target::retired_seq)
+int32_t tree_leaves(const host_params & params, int32_t np, int32_t n_tree) {
+    const int32_t n_ids = params.refill && np > 1 ? 255 : 256;
+    return std::max(1, std::min(n_tree, n_ids / std::max(np, 1) - 1));
 }
 
 std::vector<std::string> split(const std::string & s) {
@@ -421,6 +423,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
     out << "  \"llama_cpp\": " << host_json_str(llama_print_system_info()) << ",\n";
     out << "  \"dflash2\": " << host_json_str(dflash2::version()) << ",\n";
     out << "  \"target\": " << host_json_str(p.path_target) << ",\n  \"draft\": " << host_json_str(p.path_draft) << ",\n";
+    out << "  \"schedule\": \"" << (p.refill ? "refill" : "waves") << "\",\n";
     out << "  \"n_predict\": " << p.n_predict << ", \"n_max\": " << p.n_max << ", \"repetitions\": " << reps
         << ", \"target_min_ms\": " << world.floor_ms << ",\n";
     out << "  \"cost_world\": " << world.json() << ",\n";
@@ -450,6 +453,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ", \"verify_decodes\": " << s.n_verify_decodes << ", \"verify_rows\": " << s.n_verify_rows
             << ", \"verify_rows_per_step\": " << s.verify_rows_per_step() << ", \"decodes_over_world\": {\"verify\": "
             << s.n_verify_over << ", \"prefill\": " << s.n_prefill_over << ", \"prefill_decodes\": " << s.n_prefill_decodes << "}"
+            << ", \"refills\": " << s.n_refills
             << ", \"acceptance_by_position\": [";
         for (int j = 0; j < p.n_max && j < HOST_MAX_DRAFT; ++j) {
             out << (j ? ", " : "") << (s.drafted_at[j] ? (double) s.accepted_at[j] / s.drafted_at[j] : 0.0);
@@ -643,13 +647,13 @@ struct mode_host {
             tgt.params.n_max = chain_plan(mode);
         }
         if (on_tree_context(mode)) {
-            tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, sizes.n_ids())));
+            tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(tgt.params, np, sizes.n_ids())));
         } else {
             tgt.reset_context(np);
         }
         if (is_tree(mode)) {
             const int32_t n = sizes.nodes(mode);
-            tree  = std::make_unique<host_tree_host>(tgt, n, tree_leaves(np, n),
+            tree  = std::make_unique<host_tree_host>(tgt, n, tree_leaves(tgt.params, np, n),
                     mode == "dflash2-auto" ? LLAMA_SPEC_DFLASH2_WALK_ADAPTIVE : LLAMA_SPEC_DFLASH2_WALK_GREEDY);
             waves = tree->waves();
             return;
@@ -707,10 +711,11 @@ int run_lockstep(host_args & args, host_target & tgt, const std::vector<std::vec
             wall.push_back(b.stats.tokens_per_s() / a.stats.tokens_per_s());
             cpu.push_back(b.stats.tokens_per_cpu_s() / a.stats.tokens_per_cpu_s());
             printf("np=%d rep %d: A %.1f tok/s (%.1f tok/cpu-s), B %.1f tok/s (%.1f tok/cpu-s), drafted %lld accepted %lld; "
-                   "B/A %.3f wall, %.3f cpu; outputs %s\n",
+                   "B/A %.3f wall, %.3f cpu; slots refilled %lld | %lld; outputs %s\n",
                     np, rep, a.stats.tokens_per_s(), a.stats.tokens_per_cpu_s(), b.stats.tokens_per_s(),
                     b.stats.tokens_per_cpu_s(), (long long) b.stats.n_drafted, (long long) b.stats.n_accepted,
-                    wall.back(), cpu.back(), same ? "identical" : "DIFFER");
+                    wall.back(), cpu.back(), (long long) a.stats.n_refills, (long long) b.stats.n_refills,
+                    same ? "identical" : "DIFFER");
             fflush(stdout);
         }
         // where each mode's generation time went, per verify decode over all repetitions: an
@@ -819,9 +824,11 @@ int main(int argc, char ** argv) {
         host_init_backend();
         host_target tgt(args.params);
         const auto prompts = host_tokenize_chats(tgt, args.prompts);
-        printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions\n",
+        printf("target  %s\ndrafter %s\n%zu prompts x %d tokens, n_max %d, %d threads, %d repetitions, schedule %s\n",
                 args.params.path_target.c_str(), args.params.path_draft.c_str(), prompts.size(), args.params.n_predict,
-                args.params.n_max, args.params.n_threads, reps);
+                args.params.n_max, args.params.n_threads, reps,
+                args.params.refill ? "refill (at np > 1 a slot takes the next prompt as its stream finishes)"
+                                   : "waves (np prompts at a time)");
         printf("target KV cache: K %s, V %s; %d rows per target ubatch\n", ggml_type_name(args.params.cache_type_k),
                 ggml_type_name(args.params.cache_type_v), tgt.n_ubatch());
         if (tgt.sampled()) {
@@ -839,7 +846,7 @@ int main(int argc, char ** argv) {
 
         // every mode of the run (--lockstep's too) in the one world
         const host_cost_world world = host_set_world(tgt, world_choice, prompts, np_max,
-                any_tree ? host_tree_seq_ids(np_max, tree_leaves(np_max, n_tree_ids)) : 0,
+                any_tree ? host_tree_seq_ids(np_max, tree_leaves(tgt.params, np_max, n_tree_ids)) : 0,
                 1 + std::max(args.params.n_max, any_tree ? n_tree_ids : 0));
         printf("%s\n", world.describe().c_str());
         if (args.values.count("--lockstep")) {
@@ -862,7 +869,7 @@ int main(int argc, char ** argv) {
             // cache of the other modes: their outputs are compared with target-only on a context like theirs
             std::vector<std::vector<llama_token>> reference_tree;
             if (std::any_of(modes.begin(), modes.end(), on_tree_context)) {
-                tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(np, n_tree_ids)));
+                tgt.reset_context(np, host_tree_seq_ids(np, tree_leaves(tgt.params, np, n_tree_ids)));
                 reference_tree = host_generate(tgt, nullptr, prompts).tokens;
             }
             real.reset();

@@ -81,6 +81,8 @@ const char * host_args_usage() {
            "  --n-predict N  tokens per prompt (128)     --n-max N  most tokens per draft (7)\n"
            "  --n-min N      drafts (greedy trees: their depth) shorter than N are dropped (0; llama.cpp's --draft-min)\n"
            "  --np N[,N..]   sequences in parallel (1)   --threads N (2)   --ctx-size N (what a run's trees park)\n"
+           "  --schedule waves|refill  np prompts at a time, the next np when all finished (waves); or each slot\n"
+           "                 taking the next prompt as soon as its stream finishes, as a server does (refill)\n"
            "  -ub N          rows per target decode step: llama_decode splits larger batches (default 63 on a CPU\n"
            "                 target with an f16/f32 cache: T = 0 identity, docs/bench.md; else -b)\n"
            "  -ctk, -ctv T   the target's KV cache types (f16; q8_0 attends rows alike in any batch on the CPU)\n"
@@ -125,6 +127,12 @@ host_args host_parse_args(int argc, char ** argv, const std::vector<std::string>
             a.params.n_predict = to_int(flag, value(), 1);
         } else if (flag == "--np") {
             a.np_list = host_parse_int_list(flag, value());
+        } else if (flag == "--schedule") {
+            const std::string v = value();
+            if (v != "waves" && v != "refill") {
+                throw std::runtime_error(flag + " takes waves or refill, not '" + v + "'");
+            }
+            a.params.refill = v == "refill";
         } else if (flag == "--threads") {
             a.params.n_threads = to_int(flag, value(), 1);
         } else if (flag == "--ctx-size") {

@@ -62,6 +62,16 @@ struct chain_wave : host_wave_runner {
         }
     }
 
+    void refill(size_t i) override {
+        host_stream & s = streams[i];
+        host_retire(tgt, { s.seq });
+        if (drafter) {
+            drafter->seq_rm(s.seq, -1, -1);
+        }
+        host_prefill_one(tgt, drafter, streams, i, stats);
+        host_emit(tgt, s, { s.id_last });
+    }
+
   private:
     // one draft + verify step of every active stream
     bool step_once() override {
@@ -135,24 +145,103 @@ struct chain_wave : host_wave_runner {
     }
 };
 
-// the target's decodes of a wave: the prefill's (from c0 to c1, while the wave was made) and
-// the steps' (from c1 to c2), each step one verify decode
-void add_decodes(host_stats & stats, const host_target::decode_counts & c0, const host_target::decode_counts & c1,
-        const host_target::decode_counts & c2) {
-    stats.n_prefill_decodes += c1.decodes - c0.decodes;
-    stats.n_prefill_over    += c1.over - c0.over;
-    stats.n_verify_decodes  += c2.decodes - c1.decodes;
-    stats.n_verify_rows     += c2.rows - c1.rows;
-    stats.n_verify_over     += c2.over - c1.over;
+host_target::decode_counts operator-(const host_target::decode_counts & a, const host_target::decode_counts & b) {
+    return { a.decodes - b.decodes, a.rows - b.rows, a.over - b.over };
 }
 
-void collect(std::vector<host_stream> & streams, host_generation & gen) {
-    for (auto & s : streams) {
+host_target::decode_counts operator+(const host_target::decode_counts & a, const host_target::decode_counts & b) {
+    return { a.decodes + b.decodes, a.rows + b.rows, a.over + b.over };
+}
+
+// a run's prompts fed to one host: in waves of n_seq, or (tgt.refills()) each slot taking the
+// next prompt as soon as its stream finishes, as a server's continuous batching does
+class prompt_schedule {
+  public:
+    prompt_schedule(host_target & tgt, const host_wave_factory & waves, const std::vector<std::vector<llama_token>> & prompts)
+        : tgt(tgt), waves(waves), prompts(prompts) {
+        gen.tokens.resize(prompts.size());
+        gen.steps.resize(prompts.size());
+        start_wave();
+    }
+
+    // one step of every active stream, finished ones refilled (or the next wave started); false
+    // once every prompt finished
+    bool step() {
+        if (!wave) {
+            return false;
+        }
+        if (wave->step()) {
+            if (tgt.refills()) {
+                refill_finished();
+            }
+            return true;
+        }
+        end_wave();
+        start_wave();
+        return wave != nullptr;
+    }
+
+    host_generation & generation() { return gen; }
+
+  private:
+    void start_wave() {
+        if (next >= prompts.size()) {
+            return;
+        }
+        streams = host_wave(tgt, prompts, next, (size_t) tgt.params.n_seq);
+        next += streams.size();
+        c_start = tgt.counts;
+        prefill = {};
+        wave    = waves(tgt, streams, gen.stats);
+        prefill = tgt.counts - c_start;
+    }
+
+    void refill_finished() {
+        for (size_t i = 0; i < streams.size() && next < prompts.size(); ++i) {
+            if (!streams[i].done) {
+                continue;
+            }
+            collect(streams[i]);
+            streams[i] = host_new_stream(tgt, prompts, next++, streams[i].seq);
+            const host_target::decode_counts c0 = tgt.counts;
+            wave->refill(i);
+            prefill = prefill + (tgt.counts - c0);
+            gen.stats.n_refills += 1;
+        }
+    }
+
+    // the target's decodes of the wave: its prefills' and its steps' (one verify decode each)
+    void end_wave() {
+        wave->finish();
+        const host_target::decode_counts verify = tgt.counts - c_start - prefill;
+        host_stats & stats = gen.stats;
+        stats.n_prefill_decodes += prefill.decodes;
+        stats.n_prefill_over    += prefill.over;
+        stats.n_verify_decodes  += verify.decodes;
+        stats.n_verify_rows     += verify.rows;
+        stats.n_verify_over     += verify.over;
+        for (auto & s : streams) {
+            collect(s);
+        }
+        wave.reset();
+    }
+
+    void collect(host_stream & s) {
         gen.stats.n_generated += (int64_t) s.out.size();
         gen.tokens[s.i_prompt] = std::move(s.out);
         gen.steps[s.i_prompt]  = std::max(s.n_emits - 1, 0);
     }
-}
+
+    host_target &                                 tgt;
+    const host_wave_factory &                     waves;
+    const std::vector<std::vector<llama_token>> & prompts;
+    host_generation                               gen;
+    std::vector<host_stream>                      streams;
+    std::unique_ptr<host_wave_runner>             wave;
+    size_t                                        next = 0; // the next prompt to start
+    host_target::decode_counts                    c_start;  // at the wave's start
+    host_target::decode_counts                    prefill;  // the wave's prefills' decodes
+};
 
 } // namespace
 
@@ -193,22 +282,10 @@ host_wave_factory host_chain_waves(host_drafter * drafter) {
 
 host_generation host_generate_waves(host_target & tgt, const host_wave_factory & waves,
         const std::vector<std::vector<llama_token>> & prompts) {
-    host_generation gen;
-    gen.tokens.resize(prompts.size());
-    gen.steps.resize(prompts.size());
-    const size_t n_seq = (size_t) tgt.params.n_seq;
-    for (size_t first = 0; first < prompts.size(); first += n_seq) {
-        std::vector<host_stream> streams = host_wave(tgt, prompts, first, n_seq);
-        const auto c0 = tgt.counts;
-        std::unique_ptr<host_wave_runner> wave = waves(tgt, streams, gen.stats);
-        const auto c1 = tgt.counts;
-        while (wave->step()) {
-        }
-        wave->finish();
-        add_decodes(gen.stats, c0, c1, tgt.counts);
-        collect(streams, gen);
+    prompt_schedule schedule(tgt, waves, prompts);
+    while (schedule.step()) {
     }
-    return gen;
+    return std::move(schedule.generation());
 }
 
 host_generation host_generate(host_target & tgt, host_drafter * drafter, const std::vector<std::vector<llama_token>> & prompts) {
@@ -217,45 +294,25 @@ host_generation host_generate(host_target & tgt, host_drafter * drafter, const s
 
 std::pair<host_generation, host_generation> host_generate_lockstep(host_target & tgt_a, const host_wave_factory & waves_a,
         host_target & tgt_b, const host_wave_factory & waves_b, const std::vector<std::vector<llama_token>> & prompts) {
-    host_generation a, b;
-    a.tokens.resize(prompts.size());
-    b.tokens.resize(prompts.size());
-    a.steps.resize(prompts.size());
-    b.steps.resize(prompts.size());
-    const size_t n_seq = (size_t) tgt_a.params.n_seq;
-    bool a_first = true;
-    for (size_t first = 0; first < prompts.size(); first += n_seq) {
-        std::vector<host_stream> streams_a = host_wave(tgt_a, prompts, first, n_seq);
-        std::vector<host_stream> streams_b = host_wave(tgt_b, prompts, first, n_seq);
-        const auto a0 = tgt_a.counts;
-        const auto b0 = tgt_b.counts;
-        std::unique_ptr<host_wave_runner> wave_a = waves_a(tgt_a, streams_a, a.stats);
-        std::unique_ptr<host_wave_runner> wave_b = waves_b(tgt_b, streams_b, b.stats);
-        const auto a1 = tgt_a.counts;
-        const auto b1 = tgt_b.counts;
-        // stride steps of one, then of the other, the order flipping every round. Not
-        // one step each: an engine's controller times its steps from one draft call to
-        // the next, and would count the other host's step in each of its own (it then
-        // drafts where drafting does not pay); a round of the other host is one step
-        // it does not measure (a stall), under nearly the same load.
-        const int stride = 16;
-        bool      more_a = true, more_b = true;
-        while (more_a || more_b) {
-            for (int k = 0; k < 2; ++k) {
-                const bool a_now = (k == 0) == a_first;
-                for (int i = 0; i < stride; ++i) {
-                    bool & more = a_now ? more_a : more_b;
-                    more        = more && (a_now ? wave_a->step() : wave_b->step());
-                }
+    prompt_schedule a(tgt_a, waves_a, prompts);
+    prompt_schedule b(tgt_b, waves_b, prompts);
+    // stride steps of one, then of the other, the order flipping every round. Not
+    // one step each: an engine's controller times its steps from one draft call to
+    // the next, and would count the other host's step in each of its own (it then
+    // drafts where drafting does not pay); a round of the other host is one step
+    // it does not measure (a stall), under nearly the same load.
+    const int stride  = 16;
+    bool      a_first = true;
+    bool      more_a = true, more_b = true;
+    while (more_a || more_b) {
+        for (int k = 0; k < 2; ++k) {
+            const bool a_now = (k == 0) == a_first;
+            for (int i = 0; i < stride; ++i) {
+                bool & more = a_now ? more_a : more_b;
+                more        = more && (a_now ? a.step() : b.step());
             }
-            a_first = !a_first;
         }
-        wave_a->finish();
-        wave_b->finish();
-        add_decodes(a.stats, a0, a1, tgt_a.counts);
-        add_decodes(b.stats, b0, b1, tgt_b.counts);
-        collect(streams_a, a);
-        collect(streams_b, b);
+        a_first = !a_first;
     }
-    return { std::move(a), std::move(b) };
+    return { std::move(a.generation()), std::move(b.generation()) };
 }

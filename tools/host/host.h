@@ -52,6 +52,9 @@ struct host_params {
     int32_t n_max     = 7;   // most tokens per draft
     int32_t n_min     = 0;   // shorter drafts (greedy trees: shallower) are dropped
     int32_t n_predict = 128; // tokens generated per sequence (fewer when it ends)
+    // --schedule refill: at np > 1 a slot takes the next prompt as soon as its stream finishes
+    // (a server's continuous batching); false: waves of np prompts, the next when all finished
+    bool refill = false;
 
     std::string path_mmproj; // multimodal projector (--mmproj), for --image
     std::string path_image;  // an image put before the first prompt's text (--image)
@@ -131,6 +134,8 @@ struct host_stats {
     int64_t n_verify_over     = 0;
     int64_t n_prefill_decodes = 0;
     int64_t n_prefill_over    = 0;
+    // slots that took the next prompt as their stream finished (--schedule refill)
+    int64_t n_refills = 0;
 
     // the steps in which every stream of a wave of np streams was generating: the tokens they
     // emitted and their wall time (a server whose queue refills each slot as it frees runs in
@@ -223,8 +228,14 @@ struct host_target {
 
     // a fresh context for n_seq parallel sequences (0: keep params.n_seq);
     // drafters attach to it, so each mode gets its own. n_seq_ids > 0: a unified
-    // KV cache with that many sequence ids (tree verification)
+    // KV cache with that many sequence ids (tree verification), and one more, retired_seq,
+    // where a refill schedule runs np > 1 sequences
     void reset_context(int32_t n_seq = 0, int32_t n_seq_ids = 0);
+    // the id that holds a finished stream's cells in a unified cache under a refill schedule
+    // (host_retire; -1: none, the cells are freed)
+    llama_seq_id retired_seq = -1;
+    // whether the run refills slots (params.refill at np > 1)
+    bool refills() const { return params.refill && params.n_seq > 1; }
     // the target's rows per ubatch: -ub, else LLAMA_SPEC_DFLASH2_CPU_IDENTICAL_N_UBATCH
     // on a CPU target whose f16/f32 cache ggml's attention would tile, else n_batch; at most n_batch
     int32_t n_ubatch() const;
@@ -340,6 +351,10 @@ struct host_wave_runner {
     bool step();
     // the drafter's own counters added to the stats, after the last step
     virtual void finish() = 0;
+    // slot i's finished stream replaced (streams[i]: the next prompt's, on its sequence id): the
+    // old one's cells retired (host_retire), the drafter's sequence cleared, the prompt prefilled
+    // and the target's first token emitted
+    virtual void refill(size_t i) = 0;
 
   protected:
     // streams: the wave's, n_slots: the streams a full wave has (params.n_seq)
@@ -364,7 +379,9 @@ using host_wave_factory = std::function<std::unique_ptr<host_wave_runner>(host_t
 // the chain host's waves: drafter (NULL = target only) drafts, the target verifies
 host_wave_factory host_chain_waves(host_drafter * drafter);
 
-// generates for every prompt, n_seq prompts at a time in parallel, by waves' host
+// generates for every prompt, n_seq prompts at a time in parallel, by waves' host: in waves
+// (the next n_seq prompts once all of a wave's finished) or, tgt.refills(), each slot taking the
+// next prompt as soon as its stream finishes
 host_generation host_generate_waves(host_target & tgt, const host_wave_factory & waves,
         const std::vector<std::vector<llama_token>> & prompts);
 

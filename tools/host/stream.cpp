@@ -2,21 +2,37 @@
 
 #include <algorithm>
 
+host_stream host_new_stream(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts, size_t i,
+        llama_seq_id seq) {
+    host_stream s;
+    s.seq      = seq;
+    s.i_prompt = i;
+    s.history  = prompts[i];
+    s.seed     = (uint32_t) tgt.params.seed + (uint32_t) i;
+    if (tgt.sampled()) {
+        s.smpl = std::make_unique<host_sampler>(tgt.params, s.seed);
+    }
+    return s;
+}
+
 std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
         size_t first, size_t n_seq) {
     std::vector<host_stream> streams;
     for (size_t i = first; i < std::min(prompts.size(), first + n_seq); ++i) {
-        host_stream s;
-        s.seq      = (llama_seq_id) (i - first);
-        s.i_prompt = i;
-        s.history  = prompts[i];
-        s.seed     = (uint32_t) tgt.params.seed + (uint32_t) i;
-        if (tgt.sampled()) {
-            s.smpl = std::make_unique<host_sampler>(tgt.params, s.seed);
-        }
-        streams.push_back(std::move(s));
+        streams.push_back(host_new_stream(tgt, prompts, i, (llama_seq_id) (i - first)));
     }
     return streams;
+}
+
+void host_retire(host_target & tgt, const std::vector<llama_seq_id> & ids) {
+    llama_memory_t mem = llama_get_memory(tgt.ctx);
+    for (llama_seq_id id : ids) {
+        if (tgt.retired_seq >= 0) {
+            // a unified cache: the cells take the retired id too, so removing id frees none
+            llama_memory_seq_cp(mem, id, tgt.retired_seq, -1, -1);
+        }
+        llama_memory_seq_rm(mem, id, -1, -1);
+    }
 }
 
 llama_token host_pick(const host_target & tgt, host_stream & s, int32_t i_batch) {
@@ -39,7 +55,10 @@ void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama
     }
 }
 
-void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
+namespace {
+
+void prefill(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i0, size_t i1,
+        host_stats & stats) {
     common_batch batch(tgt.ctx);
     std::vector<std::pair<size_t, int32_t>> last_rows; // stream, batch index of its last prompt row
     const int64_t t_start = host_time_us();
@@ -57,7 +76,7 @@ void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_st
         batch.clear();
         last_rows.clear();
     };
-    for (size_t i = 0; i < streams.size(); ++i) {
+    for (size_t i = i0; i < i1; ++i) {
         if (tgt.prompt_decoder) {
             flush(); // rows in the order of the prompts
             auto & s = streams[i];
@@ -80,4 +99,15 @@ void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_st
     }
     flush();
     stats.t_prefill_us += host_time_us() - t_start;
+}
+
+} // namespace
+
+void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats) {
+    prefill(tgt, drafter, streams, 0, streams.size(), stats);
+}
+
+void host_prefill_one(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i,
+        host_stats & stats) {
+    prefill(tgt, drafter, streams, i, i + 1, stats);
 }

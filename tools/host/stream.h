@@ -20,8 +20,11 @@ struct host_stream {
     std::unique_ptr<host_sampler> smpl; // the target's sampler when it samples
 };
 
-// the streams of the wave of prompts [first, first + n_seq), sequence ids from 0,
-// prompt i seeded with params.seed + i
+// prompt i's stream on sequence seq, seeded with params.seed + i
+host_stream host_new_stream(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts, size_t i,
+        llama_seq_id seq);
+
+// the streams of the wave of prompts [first, first + n_seq), sequence ids from 0
 std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<std::vector<llama_token>> & prompts,
         size_t first, size_t n_seq);
 
@@ -34,3 +37,11 @@ void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama
 // decodes the prompts of a wave, n_batch rows per decode, each sequence's rows
 // contiguous; the drafter (may be NULL) processes every decode
 void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats);
+// the same for streams[i] alone (a slot refilled)
+void host_prefill_one(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i,
+        host_stats & stats);
+
+// takes the target's cells of sequence ids `ids` from them, a finished stream's: into
+// tgt.retired_seq where it has one (a unified cache keeps every cell in position order),
+// else freed
+void host_retire(host_target & tgt, const std::vector<llama_seq_id> & ids);

@@ -111,7 +111,14 @@ void host_fit_context(host_target & tgt, const std::vector<std::vector<llama_tok
     for (const auto & p : prompts) {
         longest = std::max(longest, p.size());
     }
-    const int64_t cells = (int64_t) std::max(np, 1) * ((int64_t) longest + (int64_t) tgt.params.n_predict * rows_per_step);
+    int64_t cells = (int64_t) std::max(np, 1) * ((int64_t) longest + (int64_t) tgt.params.n_predict * rows_per_step);
+    if (tgt.params.refill && np > 1) {
+        // a refilled slot's cells stay until the run ends (host_retire): every prompt's
+        cells = 0;
+        for (const auto & p : prompts) {
+            cells += (int64_t) p.size() + (int64_t) tgt.params.n_predict * rows_per_step;
+        }
+    }
     tgt.params.n_ctx = (int32_t) std::min<int64_t>(std::max<int64_t>(HOST_MIN_CTX, (cells + 255) / 256 * 256), 1 << 20);
 }
 
@@ -142,7 +149,11 @@ void host_target::reset_context(int32_t n_seq, int32_t n_seq_ids) {
     cparams.n_ctx           = params.n_ctx > 0 ? params.n_ctx : HOST_MIN_CTX;
     cparams.n_batch         = params.n_batch;
     cparams.n_ubatch        = n_ubatch();
-    cparams.n_seq_max       = n_seq_ids > 0 ? n_seq_ids : params.n_seq;
+    // a unified cache under a refill schedule keeps a finished stream's cells under one id more:
+    // freed, they would be reused below other sequences' cells, out of their position order
+    // (ggml's CPU attention accumulates in cell order: target-only's rounding)
+    retired_seq             = n_seq_ids > 0 && refills() ? n_seq_ids : -1;
+    cparams.n_seq_max       = n_seq_ids > 0 ? n_seq_ids + (retired_seq >= 0 ? 1 : 0) : params.n_seq;
     cparams.n_threads       = params.n_threads;
     cparams.n_threads_batch = params.n_threads;
     cparams.kv_unified      = params.n_seq == 1 || n_seq_ids > 0;
