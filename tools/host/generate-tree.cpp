@@ -118,21 +118,17 @@ struct tree_wave : host_wave_runner {
     void finish() override { host_add_engine_stats(stats, engine); }
 
     void refill(size_t i) override {
-        host_stream & s = streams[i];
-        // every id of the stream's bookkeeping (its own, its paths', its park id) retired
-        // before the engine clears them, so that no cell is freed
+        // every id of the stream's bookkeeping (its own, its paths', its park id), taken from
+        // its cells before the engine clears them (prefill_drafter::seq_rm), so that none is freed
         std::vector<llama_seq_id> ids;
         const llama_seq_id n_ids = (llama_seq_id) llama_n_seq_max(tgt.ctx) - (tgt.retired_seq >= 0 ? 1 : 0);
         for (llama_seq_id id = 0; id < n_ids; ++id) {
-            if (engine.tree_kv_owner(id) == s.seq) {
+            if (engine.tree_kv_owner(id) == streams[i].seq) {
                 ids.push_back(id);
             }
         }
-        host_retire(tgt, ids);
-        engine.seq_rm(s.seq, -1, -1);
         prefill_drafter prefill(engine);
-        host_prefill_one(tgt, &prefill, streams, i, stats);
-        host_emit(tgt, s, { s.id_last });
+        host_refill_slot(tgt, &prefill, streams, i, ids, stats);
     }
 
   private:

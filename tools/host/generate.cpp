@@ -62,15 +62,7 @@ struct chain_wave : host_wave_runner {
         }
     }
 
-    void refill(size_t i) override {
-        host_stream & s = streams[i];
-        host_retire(tgt, { s.seq });
-        if (drafter) {
-            drafter->seq_rm(s.seq, -1, -1);
-        }
-        host_prefill_one(tgt, drafter, streams, i, stats);
-        host_emit(tgt, s, { s.id_last });
-    }
+    void refill(size_t i) override { host_refill_slot(tgt, drafter, streams, i, { streams[i].seq }, stats); }
 
   private:
     // one draft + verify step of every active stream
@@ -191,7 +183,6 @@ class prompt_schedule {
         streams = host_wave(tgt, prompts, next, (size_t) tgt.params.n_seq);
         next += streams.size();
         c_start = tgt.counts;
-        prefill = {};
         wave    = waves(tgt, streams, gen.stats);
         prefill = tgt.counts - c_start;
     }

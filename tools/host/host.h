@@ -232,7 +232,7 @@ struct host_target {
     // where a refill schedule runs np > 1 sequences
     void reset_context(int32_t n_seq = 0, int32_t n_seq_ids = 0);
     // the id that holds a finished stream's cells in a unified cache under a refill schedule
-    // (host_retire; -1: none, the cells are freed)
+    // (host_refill_slot; -1: none, the cells are freed)
     llama_seq_id retired_seq = -1;
     // whether the run refills slots (params.refill at np > 1)
     bool refills() const { return params.refill && params.n_seq > 1; }
@@ -352,7 +352,7 @@ struct host_wave_runner {
     // the drafter's own counters added to the stats, after the last step
     virtual void finish() = 0;
     // slot i's finished stream replaced (streams[i]: the next prompt's, on its sequence id): the
-    // old one's cells retired (host_retire), the drafter's sequence cleared, the prompt prefilled
+    // old one's cells retired (host_refill_slot), the drafter's sequence cleared, the prompt prefilled
     // and the target's first token emitted
     virtual void refill(size_t i) = 0;
 

@@ -24,17 +24,6 @@ std::vector<host_stream> host_wave(const host_target & tgt, const std::vector<st
     return streams;
 }
 
-void host_retire(host_target & tgt, const std::vector<llama_seq_id> & ids) {
-    llama_memory_t mem = llama_get_memory(tgt.ctx);
-    for (llama_seq_id id : ids) {
-        if (tgt.retired_seq >= 0) {
-            // a unified cache: the cells take the retired id too, so removing id frees none
-            llama_memory_seq_cp(mem, id, tgt.retired_seq, -1, -1);
-        }
-        llama_memory_seq_rm(mem, id, -1, -1);
-    }
-}
-
 llama_token host_pick(const host_target & tgt, host_stream & s, int32_t i_batch) {
     return tgt.sampled() ? s.smpl->sample(tgt, i_batch) : tgt.argmax(i_batch);
 }
@@ -107,7 +96,20 @@ void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_st
     prefill(tgt, drafter, streams, 0, streams.size(), stats);
 }
 
-void host_prefill_one(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i,
-        host_stats & stats) {
+void host_refill_slot(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i,
+        const std::vector<llama_seq_id> & ids, host_stats & stats) {
+    llama_memory_t mem = llama_get_memory(tgt.ctx);
+    for (llama_seq_id id : ids) {
+        if (tgt.retired_seq >= 0) {
+            // a unified cache: the cells take the retired id too, so removing id frees none
+            llama_memory_seq_cp(mem, id, tgt.retired_seq, -1, -1);
+        }
+        llama_memory_seq_rm(mem, id, -1, -1);
+    }
+    host_stream & s = streams[i];
+    if (drafter) {
+        drafter->seq_rm(s.seq, -1, -1);
+    }
     prefill(tgt, drafter, streams, i, i + 1, stats);
+    host_emit(tgt, s, { s.id_last });
 }

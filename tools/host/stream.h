@@ -37,11 +37,9 @@ void host_emit(const host_target & tgt, host_stream & s, const std::vector<llama
 // decodes the prompts of a wave, n_batch rows per decode, each sequence's rows
 // contiguous; the drafter (may be NULL) processes every decode
 void host_prefill(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, host_stats & stats);
-// the same for streams[i] alone (a slot refilled)
-void host_prefill_one(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i,
-        host_stats & stats);
-
-// takes the target's cells of sequence ids `ids` from them, a finished stream's: into
-// tgt.retired_seq where it has one (a unified cache keeps every cell in position order),
-// else freed
-void host_retire(host_target & tgt, const std::vector<llama_seq_id> & ids);
+// slot i refilled (streams[i]: the next prompt's stream, on the finished one's sequence id):
+// the finished stream's cells under sequence ids `ids` taken from them (into tgt.retired_seq
+// where it has one: a unified cache keeps every cell in position order; else freed), the
+// drafter's sequence cleared, the prompt prefilled and the target's first token emitted
+void host_refill_slot(host_target & tgt, host_drafter * drafter, std::vector<host_stream> & streams, size_t i,
+        const std::vector<llama_seq_id> & ids, host_stats & stats);

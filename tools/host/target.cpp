@@ -113,7 +113,7 @@ void host_fit_context(host_target & tgt, const std::vector<std::vector<llama_tok
     }
     int64_t cells = (int64_t) std::max(np, 1) * ((int64_t) longest + (int64_t) tgt.params.n_predict * rows_per_step);
     if (tgt.params.refill && np > 1) {
-        // a refilled slot's cells stay until the run ends (host_retire): every prompt's
+        // a refilled slot's cells stay until the run ends (host_refill_slot): every prompt's
         cells = 0;
         for (const auto & p : prompts) {
             cells += (int64_t) p.size() + (int64_t) tgt.params.n_predict * rows_per_step;
