@@ -293,14 +293,31 @@ impl AdaptivePolicy {
     }
 
     /// How many nodes of a grown tree to keep (its first k, a tree in
-    /// best-first order), each node reached with the product of the drawn
+    /// best-first order), each node reached with the product of the
     /// acceptance along its path, siblings sharing what the first pick leaves
-    /// (`Tree::reach`). `branch_p(node)` is the measured acceptance of a node
-    /// an n-gram branch proposed (0 for the others); a node both proposed
-    /// counts with the larger estimate.
-    pub fn keep_tree(&mut self, tree: &Tree, branch_p: impl Fn(&Node) -> f64) -> usize {
+    /// (`Tree::reach`). A parent's first lattice child (the chain's pick)
+    /// takes the step's draw; a later one `sibling_p(node)`, the engine's
+    /// per-child measure: the picks' model knows a bin only from picks, and
+    /// a sibling in a bin no pick fell in would take the position's rate.
+    /// `branch_p(node)` is the measured acceptance of a node an n-gram branch
+    /// proposed (0 for the others); a node both proposed counts with the
+    /// larger estimate.
+    pub fn keep_tree(
+        &mut self,
+        tree: &Tree,
+        branch_p: impl Fn(&Node) -> f64,
+        sibling_p: impl Fn(&Node) -> f64,
+    ) -> usize {
+        // per parent (0 the anchor, i + 1 node i): whether its first lattice child came
+        let mut picked = vec![false; tree.nodes().len() + 1];
         let reach = tree.reach(|n| {
-            let lattice = if n.in_lattice() { self.p_drawn(n.depth - 1, n.prob) } else { 0.0 };
+            let lattice = if !n.in_lattice() {
+                0.0
+            } else if !std::mem::replace(&mut picked[n.parent().map_or(0, |i| i + 1)], true) {
+                self.p_drawn(n.depth - 1, n.prob)
+            } else {
+                sibling_p(n)
+            };
             lattice.max(branch_p(n))
         });
         self.cut(&reach)

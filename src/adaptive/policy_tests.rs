@@ -370,6 +370,27 @@ fn node(parent: i32, depth: usize, prob: f32) -> crate::tree::Node {
     crate::tree::Node { token: (prob * 100.0) as i32, parent, depth, prob, path_prob: prob, candidate: 0, ngram: 0 }
 }
 
+/// A sibling's estimate before any tree was verified: its edge probability.
+fn raw(n: &crate::tree::Node) -> f64 {
+    n.prob as f64
+}
+
+#[test]
+fn a_sibling_is_priced_by_the_per_child_measure() {
+    // picks at 0.5 accepted half the time; a sibling at 0.02 falls in a bin
+    // no pick did, where the picks' model would take the position's 0.5
+    let mut p = warmed(0.020, 0.006, 0.002);
+    for _ in 0..100 {
+        p.acceptance.observe(&[0.5], 0);
+        p.acceptance.observe(&[0.5], 1);
+    }
+    let tree = Tree::from_nodes(vec![node(-1, 1, 0.5), node(-1, 1, 0.02)]).unwrap();
+    // a row costs 0.3 tokens: the pick pays, a sibling measured at 0.02 does not
+    assert_eq!(p.clone().keep_tree(&tree, |_| 0.0, raw), 1);
+    // one measured at 0.45 does (what the pick leaves bounds it: 0.5)
+    assert_eq!(p.keep_tree(&tree, |_| 0.0, |_| 0.45), 2);
+}
+
 #[test]
 fn cheap_rows_keep_the_whole_draft_and_dear_ones_cut_unlikely_tokens() {
     let mut cheap = warmed(0.020, 1e-6, 0.002);
@@ -420,7 +441,7 @@ fn trees_are_cut_to_the_nodes_that_pay_for_their_rows() {
     // best-first: a confident chain 0 -> 1, then a weak sibling of node 0
     let tree = Tree::from_nodes(vec![node(-1, 1, 0.9), node(0, 2, 0.9), node(-1, 1, 0.05)]).unwrap();
     let mut cheap = warmed(0.020, 1e-6, 0.002);
-    assert_eq!(cheap.keep_tree(&tree, |_| 0.0), 3);
+    assert_eq!(cheap.keep_tree(&tree, |_| 0.0, raw), 3);
     // rows at a third of a token: the weak sibling does not pay
     let dear = || {
         let mut p = warmed(0.020, 0.006, 0.002);
@@ -430,20 +451,21 @@ fn trees_are_cut_to_the_nodes_that_pay_for_their_rows() {
         }
         p
     };
-    assert_eq!(dear().keep_tree(&tree, |_| 0.0), 2);
+    assert_eq!(dear().keep_tree(&tree, |_| 0.0, raw), 2);
     // a weak node before a strong one is kept when the strong one pays for both
     let deep = Tree::from_nodes(vec![node(-1, 1, 0.9), node(-1, 1, 0.05), node(0, 2, 0.9)]).unwrap();
-    assert_eq!(dear().keep_tree(&deep, |_| 0.0), 3);
+    assert_eq!(dear().keep_tree(&deep, |_| 0.0, raw), 3);
     // and a first node that does not pay leaves no tree
     let weak = Tree::from_nodes(vec![node(-1, 1, 0.05)]).unwrap();
-    assert_eq!(dear().keep_tree(&weak, |_| 0.0), 0);
+    assert_eq!(dear().keep_tree(&weak, |_| 0.0, raw), 0);
 }
 
 #[test]
 fn siblings_share_what_the_first_pick_leaves() {
-    // chains of top picks accepted nine times in ten: the weak candidates'
-    // bin has no trials and takes the position's 0.9; the siblings share
-    // what the first node leaves (about a tenth)
+    // chains of top picks accepted nine times in ten; the siblings take the
+    // engine's per-child estimate (here their raw probability, as before any
+    // tree was verified), not the picks' model, whose weak bins have no
+    // trials and would take the position's 0.9
     let mut nodes = vec![node(-1, 1, 0.95), node(0, 2, 0.95)];
     nodes.extend((0..15).map(|i| crate::tree::Node { token: 100 + i, ..node(-1, 1, 0.001 + 0.001 * i as f32) }));
     let tree = Tree::from_nodes(nodes).unwrap();
@@ -457,9 +479,9 @@ fn siblings_share_what_the_first_pick_leaves() {
         p
     };
     // a row priced at 0.4 tokens: the chain pays, the siblings do not
-    assert_eq!(trained(0.004).keep_tree(&tree, |_| 0.0), 2);
+    assert_eq!(trained(0.004).keep_tree(&tree, |_| 0.0, raw), 2);
     // where rows are nearly free the first sibling is kept (and observed)
-    let kept = trained(1e-6).keep_tree(&tree, |_| 0.0);
+    let kept = trained(1e-6).keep_tree(&tree, |_| 0.0, raw);
     assert!((3..=17).contains(&kept), "{kept}");
 }
 

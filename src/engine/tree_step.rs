@@ -249,7 +249,8 @@ impl Engine {
                     if let Some(policy) = self.controller.policy.as_mut() {
                         let branch_p =
                             |n: &crate::tree::Node| if n.ngram > 0 { ng.p(n.ngram as usize, n.depth) } else { 0.0 };
-                        tree.truncate(policy.keep_tree(&tree, branch_p));
+                        let sibling_p = |n: &crate::tree::Node| calibration.p(n.depth, n.prob);
+                        tree.truncate(policy.keep_tree(&tree, branch_p, sibling_p));
                     }
                     trees[i] = tree;
                 }
@@ -258,7 +259,8 @@ impl Engine {
                     // the lattice's greedy tree: a cut that saw the drawn
                     // children would bias the verification.
                     if let Some(policy) = self.controller.policy.as_mut() {
-                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0);
+                        let sibling_p = |n: &crate::tree::Node| calibration.p(n.depth, n.prob);
+                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0, sibling_p);
                     }
                     let branch_p = |m: usize, d: usize| ng.p(m, d);
                     let proposals = Proposals { branches: &branches, max_depth: branch_depths[i], p: &branch_p };
