@@ -220,6 +220,9 @@ impl Engine {
         let n_vocab = self.drafter.n_vocab;
         let t = Instant::now();
         let calibration = EdgeCalibration::from_model(&self.growth.acceptance);
+        // a node's calibrated acceptance: what a merged branch's lattice node and a
+        // sibling in the controller's cut are priced with
+        let edge_p = |n: &crate::tree::Node| calibration.p(n.depth, n.prob);
         // built only for a call that grows sampled trees by it
         let sampled_calibration = if self.growth.calibrate_sampled && modes.iter().any(|m| *m != Mode::Greedy) {
             EdgeCalibration::from_model(&self.growth.sampled_acceptance)
@@ -242,15 +245,14 @@ impl Engine {
                             &tree,
                             &branches,
                             TreeLimits { max_depth: branch_depths[i], ..lim },
-                            |n| calibration.p(n.depth, n.prob),
+                            edge_p,
                             |m, d| ng.p(m, d),
                         );
                     }
                     if let Some(policy) = self.controller.policy.as_mut() {
                         let branch_p =
                             |n: &crate::tree::Node| if n.ngram > 0 { ng.p(n.ngram as usize, n.depth) } else { 0.0 };
-                        let sibling_p = |n: &crate::tree::Node| calibration.p(n.depth, n.prob);
-                        tree.truncate(policy.keep_tree(&tree, branch_p, sibling_p));
+                        tree.truncate(policy.keep_tree(&tree, branch_p, edge_p));
                     }
                     trees[i] = tree;
                 }
@@ -259,8 +261,7 @@ impl Engine {
                     // the lattice's greedy tree: a cut that saw the drawn
                     // children would bias the verification.
                     if let Some(policy) = self.controller.policy.as_mut() {
-                        let sibling_p = |n: &crate::tree::Node| calibration.p(n.depth, n.prob);
-                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0, sibling_p);
+                        lim.n_nodes = policy.keep_tree(&grow_tree(&lattice, lim, n_vocab), |_| 0.0, edge_p);
                     }
                     let branch_p = |m: usize, d: usize| ng.p(m, d);
                     let proposals = Proposals { branches: &branches, max_depth: branch_depths[i], p: &branch_p };
