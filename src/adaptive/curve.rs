@@ -84,11 +84,6 @@ impl StepCurve {
         self.points.iter().map(|&(x, y, n)| (x, self.load * y, n))
     }
 
-    /// The rows of the widest decode observed (0 before any).
-    pub fn widest(&self) -> usize {
-        self.points.last().map_or(0, |p| p.0.round() as usize)
-    }
-
     /// Whether a decode of about these rows was observed.
     pub fn seen_rows(&self, rows: usize) -> bool {
         self.bins.iter().any(|b| b.key == bin_key(rows))

@@ -23,9 +23,7 @@
 //! each position from its posterior, and the cost of row counts past the
 //! widest seen from anywhere between the measured curve carried on and time
 //! in proportion to the rows; the plan and the cuts are the best under that
-//! draw, within twice the widest rows seen (exploration climbs the curve an
-//! octave a step). A sure model drafts what pays; an unsure one tries what
-//! might.
+//! draw. A sure model drafts what pays; an unsure one tries what might.
 //!
 //! One safety rail: every drafting step is charged its time minus what
 //! plain steps would have taken to gain its tokens, and a plan is only taken
@@ -89,12 +87,6 @@ const OUTLIER: f64 = 4.0;
 /// Verify rows a step may take at most (a bound for the search of what the
 /// rail allows; the host's batch limits it further).
 const MOST_ROWS: usize = 4096;
-
-/// Verify rows a step may take, as a multiple of the widest verify seen:
-/// exploration climbs the curve an octave a step. Past the widest seen the
-/// draw may price rows as the curve carried on; a jump from 16 rows to 64
-/// on that word alone (a 4090's, dear there) loses a quarter of a second.
-const CLIMB: usize = 2;
 
 /// A draft decode counts as this many times its prediction at most.
 const SPIKE: f64 = 2.0;
@@ -439,10 +431,9 @@ impl AdaptivePolicy {
         // at worst (nothing accepted, rows not seen yet at their dearest)
         let earned = self.hopeful + HOPELESS * (self.elapsed - self.hopeful);
         let allowed = LOSS_BUDGET * earned + LOSS_START * n as f64 / plain - self.loss;
-        let climb = CLIMB * self.verify.widest().max(n);
         let mut best = Plan::Plain;
         for (only, drafting) in [(one, 1), (None, n)] {
-            for cap in (1..=self.n_positions).take_while(|cap| n + drafting * cap <= climb) {
+            for cap in 1..=self.n_positions {
                 let rate = self.drafting_rate(n, drafting, cap);
                 self.step.hopeful |= rate > plain;
                 if rate > self.step.rho && self.worst_loss(n, drafting, cap, n + drafting * cap) <= allowed {
@@ -455,7 +446,7 @@ impl AdaptivePolicy {
             self.turn += 1;
         }
         if best != Plan::Plain {
-            self.step.max_rows = self.most_rows(n, allowed).min(climb);
+            self.step.max_rows = self.most_rows(n, allowed);
         }
         best
     }

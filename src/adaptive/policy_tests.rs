@@ -548,30 +548,6 @@ fn a_draft_keeps_no_more_rows_than_the_rail_allows() {
     }
 }
 
-#[test]
-fn exploration_climbs_the_curve_an_octave_a_step() {
-    // rows seen up to 8, a flat curve and drafts always accepted: the draw
-    // may price 200 rows as free, but a step takes twice the widest seen
-    let mut p = warmed(0.020, 0.0, 0.0002);
-    for _ in 0..200 {
-        p.acceptance.observe(&[0.9; 7], 7);
-    }
-    (p.plain_steps, p.elapsed, p.hopeful) = (YARDSTICK, 100.0, 100.0);
-    let now = Instant::now();
-    let mut widest = 8;
-    for i in 0..4 {
-        p.begin_step(now + std::time::Duration::from_millis(20 * i), 1);
-        let kept = p.keep(&[0.9; 200]);
-        assert_eq!(1 + kept, 2 * widest, "step {i}");
-        // the verify of what it kept is seen
-        widest = 1 + kept;
-        for _ in 0..5 {
-            p.verify.observe(widest, 0.020);
-        }
-        p.step.verify = None;
-    }
-}
-
 /// SmolLM2-135M on this 2-core CPU as traced (2026-12-06): a one-row step
 /// 17.5 ms, a verify row 8.7 ms more, a draft decode 8.5 ms + 0.4 ms a row,
 /// the injection of the waiting rows 1 ms: no draft pays, even one
