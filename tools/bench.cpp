@@ -396,7 +396,7 @@ void print_table(const std::vector<mode_result> & results, const std::vector<int
                 printf("\n");
                 if (s.n_one_pass_rows > 0) {
                     printf("    %-8s %lld one-row verify ubatches over 512+ cells got a row more, parked (ggml's CPU"
-                           " attention would split their cells, target-only's not)\n",
+                           " attention would split their cells, target-only's not; a curve world does not price it)\n",
                             r->mode.c_str(), (long long) s.n_one_pass_rows);
                 }
                 if (s.n_unparked > 0) {
@@ -451,6 +451,7 @@ void write_json(const std::string & path, const host_args & args, const std::vec
             << ", \"decode_ms\": " << s.t_total_us / 1e3 << ", \"seq_steps\": " << s.n_seq_steps
             << ", \"drafted\": " << s.n_drafted << ", \"accepted\": " << s.n_accepted << ", \"tau\": " << s.tau()
             << ", \"verify_decodes\": " << s.n_verify_decodes << ", \"verify_rows\": " << s.n_verify_rows
+            << ", \"verify_rows_priced\": " << s.n_verify_priced
             << ", \"verify_rows_per_step\": " << s.verify_rows_per_step() << ", \"decodes_over_world\": {\"verify\": "
             << s.n_verify_over << ", \"prefill\": " << s.n_prefill_over << ", \"prefill_decodes\": " << s.n_prefill_decodes << "}"
             << ", \"refills\": " << s.n_refills

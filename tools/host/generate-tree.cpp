@@ -135,15 +135,18 @@ struct tree_wave : host_wave_runner {
     // a ubatch of one row (a one-row batch, or the last row of one: 64 rows at ubatch 63)
     // over parked cells gets a row more from the engine where ggml's CPU attention (an
     // f16/f32 cache: a quantized one never splits) would split its cells and target-only's
-    // would not; its cell is parked as it is decoded
-    void keep_one_pass(llama_seq_id seq_last) {
+    // would not; its cell is parked as it is decoded. Returns the rows added: a curve world does
+    // not price them, since the device backend it stands for decodes without them
+    int32_t keep_one_pass(llama_seq_id seq_last) {
         llama_spec_dflash2_tree_row pad = {};
         llama_seq_id pad_id = -1;
         if (tgt.cpu_attention_by_rows() &&
                 engine.tree_kv_pad(batch.size(), (int32_t) llama_n_batch(tgt.ctx), seq_last, pad, pad_id)) {
             batch.add(pad.token, pad.pos, std::vector<llama_seq_id>{ pad_id }, false);
             stats.n_one_pass_rows += 1;
+            return 1;
         }
+        return 0;
     }
 
     // one tree draft + verify step of every active stream
@@ -197,14 +200,14 @@ struct tree_wave : host_wave_runner {
                 rows.push_back({ st.rows[r], s.seq, verify_rows[r].pos, false });
             }
         }
-        keep_one_pass(streams[active.back()].seq);
+        const int32_t n_pad = keep_one_pass(streams[active.back()].seq);
         t = host_time_us();
-        if (!tgt.try_decode(batch)) {
+        if (!tgt.try_decode(batch, n_pad)) {
             // the parked cells of earlier steps filled the cache: they only keep each sequence's
             // cells in position order (as target-only lays them out); free them and decode again
             engine.tree_kv_unpark();
             stats.n_unparked += 1;
-            tgt.decode(batch);
+            tgt.decode(batch, n_pad);
         }
         stats.t_target_us += host_time_us() - t;
         t = host_time_us();

@@ -138,11 +138,11 @@ struct chain_wave : host_wave_runner {
 };
 
 host_target::decode_counts operator-(const host_target::decode_counts & a, const host_target::decode_counts & b) {
-    return { a.decodes - b.decodes, a.rows - b.rows, a.over - b.over };
+    return { a.decodes - b.decodes, a.rows - b.rows, a.over - b.over, a.priced - b.priced };
 }
 
 host_target::decode_counts operator+(const host_target::decode_counts & a, const host_target::decode_counts & b) {
-    return { a.decodes + b.decodes, a.rows + b.rows, a.over + b.over };
+    return { a.decodes + b.decodes, a.rows + b.rows, a.over + b.over, a.priced + b.priced };
 }
 
 // a run's prompts fed to one host: in waves of n_seq, or (tgt.refills()) each slot taking the
@@ -210,6 +210,7 @@ class prompt_schedule {
         stats.n_prefill_over    += prefill.over;
         stats.n_verify_decodes  += verify.decodes;
         stats.n_verify_rows     += verify.rows;
+        stats.n_verify_priced   += verify.priced;
         stats.n_verify_over     += verify.over;
         for (auto & s : streams) {
             collect(s);

@@ -131,6 +131,7 @@ struct host_stats {
     // prefill, with their rows, and those that took longer than the cost world models (it did not hold)
     int64_t n_verify_decodes  = 0;
     int64_t n_verify_rows     = 0;
+    int64_t n_verify_priced   = 0; // the rows a curve world priced (the one-pass rows are not)
     int64_t n_verify_over     = 0;
     int64_t n_prefill_decodes = 0;
     int64_t n_prefill_over    = 0;
@@ -224,6 +225,7 @@ struct host_target {
         int64_t decodes = 0;
         int64_t rows    = 0;
         int64_t over    = 0;
+        int64_t priced  = 0; // rows a curve world prices: rows less the unpriced ones
     } counts;
 
     // a fresh context for n_seq parallel sequences (0: keep params.n_seq);
@@ -247,8 +249,10 @@ struct host_target {
     std::vector<llama_token> tokenize_chat(const std::string & user_message) const;
     std::string              detokenize(const std::vector<llama_token> & tokens) const;
 
-    void        decode(common_batch & batch); // throws std::runtime_error
-    bool        try_decode(common_batch & batch); // false: no KV cells for the batch (nothing decoded); else as decode
+    // n_unpriced: rows a curve world does not price (a pad row that only this CPU's attention needs,
+    // which a device backend would not decode: see keep_one_pass in generate-tree.cpp)
+    void        decode(common_batch & batch, int32_t n_unpriced = 0); // throws std::runtime_error
+    bool        try_decode(common_batch & batch, int32_t n_unpriced = 0); // false: no KV cells for the batch (nothing decoded); else as decode
     llama_token argmax(int32_t i_batch) const;
     bool        sampled() const { return params.temp > 0.0f; }
     bool        is_eog(llama_token id) const { return llama_vocab_is_eog(vocab, id); }

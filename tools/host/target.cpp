@@ -214,13 +214,13 @@ std::string host_target::detokenize(const std::vector<llama_token> & tokens) con
     return out;
 }
 
-void host_target::decode(common_batch & batch) {
-    if (!try_decode(batch)) {
+void host_target::decode(common_batch & batch, int32_t n_unpriced) {
+    if (!try_decode(batch, n_unpriced)) {
         throw std::runtime_error("target decode failed: 1 (no KV cells for the batch: raise --ctx-size)");
     }
 }
 
-bool host_target::try_decode(common_batch & batch) {
+bool host_target::try_decode(common_batch & batch, int32_t n_unpriced) {
     const auto start = std::chrono::steady_clock::now();
     const int32_t rc = llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch.get());
     if (rc == 1) {
@@ -232,15 +232,18 @@ bool host_target::try_decode(common_batch & batch) {
     // a device backend returns before the decode is done: wait here, so the time
     // counts as the target's and not as whatever reads its results first
     llama_synchronize(ctx);
-    // the cost world: the floor (GPU-like), or a curve's time for the batch's rows; a decode that took
-    // longer is counted (the world did not hold there), the rest of a shorter one slept
-    const int32_t n_rows = batch.size();
+    // the cost world: the floor (GPU-like), or a curve's time for the batch's rows less those only
+    // this CPU decodes; a decode that took longer is counted (the world did not hold there), the
+    // rest of a shorter one slept
+    const int32_t n_rows   = batch.size();
+    const int32_t n_priced = std::max(1, n_rows - n_unpriced);
     double world_ms = params.target_min_ms;
     if (params.cost_curve) {
-        world_ms = std::max(world_ms, params.cost_base_ms * params.cost_curve->at(n_rows));
+        world_ms = std::max(world_ms, params.cost_base_ms * params.cost_curve->at(n_priced));
     }
     counts.decodes += 1;
     counts.rows    += n_rows;
+    counts.priced  += n_priced;
     if (world_ms > 0.0) {
         const auto until = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                 std::chrono::duration<double, std::milli>(world_ms));
